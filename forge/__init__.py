@@ -1,0 +1,1 @@
+"""forge: asynchronous RL post-training of language models on Monarch actors."""

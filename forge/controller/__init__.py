@@ -1,0 +1,28 @@
+"""The Monarch layer: actors, placement, provisioning and services. Knows nothing of RL."""
+
+from forge.controller.actor import ActorOptions, ForgeActor, retry_safe
+from forge.controller.provisioner import (
+    ProcessConfig,
+    Provisioner,
+    ProvisionerConfig,
+    SlurmConfig,
+    get_provisioner,
+    init_provisioner,
+    shutdown,
+)
+from forge.controller.service import Service, ServiceConfig
+
+__all__ = [
+    "ActorOptions",
+    "ForgeActor",
+    "ProcessConfig",
+    "Provisioner",
+    "ProvisionerConfig",
+    "Service",
+    "ServiceConfig",
+    "SlurmConfig",
+    "get_provisioner",
+    "init_provisioner",
+    "retry_safe",
+    "shutdown",
+]

@@ -1,0 +1,300 @@
+"""The Provisioner: places proc meshes on hosts and stops everything it started.
+
+Three launchers give it hosts: `local` (this machine, `this_host()`), `process` (several
+hosts emulated on this machine by `monarch.job.ProcessJob`, for multi-host tests) and `slurm`
+(`monarch.job.SlurmJob`). Each proc mesh gets its own devices (see `placement.py`).
+"""
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import monarch.actor
+from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
+
+from forge.controller.placement import HostDevices, Placement, place, proc_env, release
+
+logger = logging.getLogger(__name__)
+
+LAUNCHERS = ("local", "process", "slurm")
+
+
+@dataclass
+class SlurmConfig:
+    """What to ask SLURM for: one job whose nodes become the provisioner's hosts."""
+
+    partition: str | None = None
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | None = None  # HH:MM:SS
+    account: str | None = None
+    qos: str | None = None
+    job_name: str = "forge"
+    python_exe: str | None = None  # None: this interpreter
+    extra_args: list[str] = field(default_factory=list)
+    job_start_timeout: int | None = 1800
+
+
+@dataclass
+class ProvisionerConfig:
+    """Where proc meshes run.
+
+    Args:
+        launcher: "local", "process" or "slurm".
+        hosts: hosts to emulate ("process") or nodes to allocate ("slurm"); "local" has one.
+        gpus_per_host: None counts the GPUs torch sees here (or slurm.gpus_per_node).
+        cpus_per_host: None uses the cores this process may run on.
+    """
+
+    launcher: str = "local"
+    hosts: int = 1
+    gpus_per_host: int | None = None
+    cpus_per_host: int | None = None
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
+        if self.launcher == "local" and self.hosts != 1:
+            raise ValueError(f"launcher 'local' has exactly one host, got hosts={self.hosts}")
+
+
+@dataclass
+class ProcessConfig:
+    """The processes one actor (or one service replica) runs on.
+
+    Args:
+        procs: processes per host.
+        hosts: hosts to span; None means one.
+        with_gpus: give each process `gpus_per_proc` GPUs of its own.
+        cpus_per_proc: cores reserved for each process (pinned, and its thread count);
+            0 shares the host's unreserved cores.
+        env: extra environment variables for every process.
+        mesh_name: a name for the proc mesh, for logs.
+    """
+
+    procs: int = 1
+    hosts: int | None = None
+    with_gpus: bool = False
+    gpus_per_proc: int = 1
+    cpus_per_proc: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    mesh_name: str | None = None
+
+
+class Stoppable(Protocol):
+    async def shutdown(self) -> None: ...
+
+
+class _HostInfo(Actor):
+    """Reports a host's name and a free port there, for MASTER_ADDR/MASTER_PORT."""
+
+    @endpoint
+    async def info(self) -> tuple[str, int]:
+        return socket.getfqdn(), _free_port()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _log_fault(failure: Any) -> None:
+    # Monarch's default hook exits the driver when any actor's process dies. Services detect
+    # and repair dead replicas themselves, so here a fault is only logged.
+    logger.warning("monarch fault: %s", str(failure).splitlines()[0])
+
+
+class Provisioner:
+    """Hands out proc meshes on the configured hosts and stops them all at `shutdown`."""
+
+    def __init__(self, cfg: ProvisionerConfig | None = None) -> None:
+        self.cfg = cfg or ProvisionerConfig()
+        self._job: Any = None
+        self._host_mesh: HostMesh | None = None
+        self._devices: list[HostDevices] = []
+        self._meshes: dict[int, tuple[ProcMesh, Placement]] = {}
+        self._owned: list[Stoppable] = []
+        self._actors: dict[int, ProcMesh] = {}
+        self._lock = asyncio.Lock()
+        monarch.actor.unhandled_fault_hook = _log_fault
+
+    def _start_hosts(self) -> None:
+        cfg = self.cfg
+        if cfg.launcher == "local":
+            self._host_mesh = this_host()
+        else:
+            self._job = self._make_job()
+            self._host_mesh = self._job.state(cached_path=None).hosts
+        gpus = cfg.gpus_per_host
+        if gpus is None:
+            gpus = cfg.slurm.gpus_per_node if cfg.launcher == "slurm" else _local_gpu_count()
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
+        if cfg.cpus_per_host is not None:
+            cpus = tuple(range(cfg.cpus_per_host))
+        self._devices = [HostDevices(f"host{i}", gpus or 0, cpus) for i in range(cfg.hosts)]
+
+    def _make_job(self) -> Any:
+        from monarch.job import ProcessJob, SlurmJob
+
+        if self.cfg.launcher == "process":
+            return ProcessJob({"hosts": self.cfg.hosts})
+        s = self.cfg.slurm
+        return SlurmJob(
+            {"hosts": self.cfg.hosts},
+            python_exe=s.python_exe or sys.executable,
+            slurm_args=s.extra_args,
+            job_name=s.job_name,
+            time_limit=s.time,
+            partition=s.partition,
+            gpus_per_node=s.gpus_per_node,
+            cpus_per_task=s.cpus_per_task,
+            mem=s.mem,
+            account=s.account,
+            qos=s.qos,
+            job_start_timeout=s.job_start_timeout,
+        )
+
+    async def spawn_procs(self, pc: ProcessConfig) -> ProcMesh:
+        """Starts a proc mesh with its own devices, as `pc` asks."""
+        async with self._lock:
+            if self._host_mesh is None:
+                self._start_hosts()
+            placement = place(
+                self._devices,
+                num_hosts=pc.hosts or 1,
+                procs_per_host=pc.procs,
+                gpus_per_proc=pc.gpus_per_proc if pc.with_gpus else 0,
+                cpus_per_proc=pc.cpus_per_proc,
+            )
+        try:
+            hosts = self._hosts_slice(placement)
+            if self.cfg.launcher != "local":
+                placement = await self._with_master(hosts, placement)
+            else:
+                placement = _replace_port(placement, _free_port())
+            gpu_host = self._devices[placement.hosts[0]].gpus > 0
+
+            def command(point: Any) -> Any:
+                env = {**pc.env, **proc_env(placement, point.rank, gpu_host=gpu_host)}
+                return default_bootstrap_cmd().with_env(env)
+
+            mesh = hosts.spawn_procs(
+                per_host={"procs": pc.procs}, name=pc.mesh_name, bootstrap_command=command
+            )
+            await mesh.initialized
+        except BaseException:
+            release(self._devices, placement)
+            raise
+        self._meshes[id(mesh)] = (mesh, placement)
+        return mesh
+
+    def _hosts_slice(self, placement: Placement) -> HostMesh:
+        if self.cfg.launcher == "local":
+            return self._host_mesh
+        first, last = placement.hosts[0], placement.hosts[-1]
+        return self._host_mesh.slice(hosts=slice(first, last + 1))
+
+    async def _with_master(self, hosts: HostMesh, placement: Placement) -> Placement:
+        probe = hosts.slice(hosts=0).spawn_procs(per_host={"procs": 1}, name="hostinfo")
+        try:
+            addr, port = await probe.spawn("hostinfo", _HostInfo).info.call_one()
+        finally:
+            await probe.stop()
+        return _replace_port(placement, port, addr)
+
+    async def stop_procs(self, mesh: ProcMesh) -> None:
+        """Stops a proc mesh started by `spawn_procs` and frees its devices.
+
+        A mesh whose processes already died stops without error.
+        """
+        entry = self._meshes.pop(id(mesh), None)
+        if entry is None:
+            return
+        try:
+            await mesh.stop()
+        except Exception as e:  # a dead mesh may refuse to stop; its devices are free anyway
+            logger.info("stopping a failed proc mesh: %s", str(e).splitlines()[0])
+        finally:
+            release(self._devices, entry[1])
+
+    def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
+        """Remembers which proc mesh an `as_actor` handle runs on, for `stop_actor`."""
+        self._actors[id(actor)] = mesh
+
+    async def stop_actor(self, actor: Any) -> None:
+        """Stops the processes of an actor made by `as_actor`."""
+        mesh = self._actors.pop(id(actor), None)
+        if mesh is None:
+            raise ValueError("this actor was not started by as_actor, or is already stopped")
+        await self.stop_procs(mesh)
+
+    def own(self, thing: Stoppable) -> None:
+        """Registers a service or actor to be shut down with the provisioner."""
+        self._owned.append(thing)
+
+    def disown(self, thing: Stoppable) -> None:
+        if thing in self._owned:
+            self._owned.remove(thing)
+
+    @property
+    def num_procs(self) -> int:
+        """Processes currently started by this provisioner (for tests and metrics)."""
+        return sum(p.world_size for _, p in self._meshes.values())
+
+    async def shutdown(self) -> None:
+        """Stops every service, actor and proc mesh started here, then the hosts' job."""
+        for thing in reversed(list(self._owned)):
+            await thing.shutdown()
+        self._owned.clear()
+        self._actors.clear()
+        for mesh, _ in list(self._meshes.values()):
+            await self.stop_procs(mesh)
+        if self._job is not None:
+            self._job.kill()
+            self._job = None
+        self._host_mesh = None
+
+
+def _replace_port(placement: Placement, port: int, addr: str = "localhost") -> Placement:
+    return replace(placement, master_addr=addr, master_port=port)
+
+
+def _local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+_provisioner: Provisioner | None = None
+
+
+def init_provisioner(cfg: ProvisionerConfig | None = None) -> Provisioner:
+    """Sets up the process-wide provisioner; call before spawning anything."""
+    global _provisioner
+    if _provisioner is not None:
+        raise RuntimeError("the provisioner is already initialised; call shutdown() first")
+    _provisioner = Provisioner(cfg)
+    return _provisioner
+
+
+def get_provisioner() -> Provisioner:
+    """The process-wide provisioner, a local one if none was initialised."""
+    global _provisioner
+    if _provisioner is None:
+        _provisioner = Provisioner()
+    return _provisioner
+
+
+async def shutdown() -> None:
+    """Stops everything the process-wide provisioner started; no process outlives it."""
+    global _provisioner
+    if _provisioner is not None:
+        await _provisioner.shutdown()
+        _provisioner = None

@@ -1,0 +1,113 @@
+"""One replica of a service: its actor, its state, its request slots and its metrics."""
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+
+class ReplicaState(Enum):
+    STARTING = "starting"
+    HEALTHY = "healthy"
+    FAILED = "failed"
+    RECOVERING = "recovering"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass
+class ReplicaMetrics:
+    """Counters of one replica over its whole life, respawns included."""
+
+    requests: int = 0
+    errors: int = 0  # the endpoint raised
+    deaths: int = 0  # the process died
+    recoveries: int = 0
+    latencies_s: deque = field(default_factory=lambda: deque(maxlen=4096))
+
+    def latency_p50_s(self) -> float:
+        return statistics.median(self.latencies_s) if self.latencies_s else 0.0
+
+
+class Replica:
+    """A replica's actor handle plus a cap of `max_concurrent` requests; the rest queue.
+
+    `generation` counts respawns, so a failure seen by a call made before a respawn is not
+    blamed on the new process.
+    """
+
+    def __init__(self, index: int, max_concurrent: int) -> None:
+        self.index = index
+        self.actor: Any = None
+        self.mesh: Any = None
+        self.world_size = 1
+        self.state = ReplicaState.STARTING
+        self.generation = 0
+        self.recovery: asyncio.Task | None = None
+        self.in_flight = 0
+        self.queued = 0
+        self.metrics = ReplicaMetrics()
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.queued
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is ReplicaState.HEALTHY
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """Calls endpoint `name`, waiting for a free slot first.
+
+        One process answers with its value; a multi-process replica answers with the list of
+        its ranks' values.
+        """
+        self.queued += 1
+        self.idle.clear()
+        try:
+            await self._slots.acquire()
+        finally:
+            self.queued -= 1
+        self.in_flight += 1
+        start = time.perf_counter()
+        try:
+            endpoint = getattr(self.actor, name)
+            if self.world_size == 1:
+                return await endpoint.call_one(*args, **kwargs)
+            return list((await endpoint.call(*args, **kwargs)).values())
+        except SupervisionError:
+            raise
+        except Exception:
+            self.metrics.errors += 1
+            raise
+        finally:
+            self.metrics.latencies_s.append(time.perf_counter() - start)
+            self.metrics.requests += 1
+            self.in_flight -= 1
+            self._slots.release()
+            if self.load == 0:
+                self.idle.set()
+
+    def snapshot(self) -> dict[str, Any]:
+        """This replica's state and metrics as plain values."""
+        m = self.metrics
+        return {
+            "replica": self.index,
+            "state": self.state.value,
+            "requests": m.requests,
+            "errors": m.errors,
+            "deaths": m.deaths,
+            "recoveries": m.recoveries,
+            "in_flight": self.in_flight,
+            "queued": self.queued,
+            "latency_p50_ms": 1000 * m.latency_p50_s(),
+        }

@@ -1,0 +1,155 @@
+"""Services on real Monarch processes: routing, sessions, fanout, failures, recovery, scaling."""
+
+import asyncio
+import collections
+import os
+import signal
+
+import pytest
+from helper_actors import BadSetup, Echo
+from monarch.actor import ActorError
+
+from forge.controller import get_provisioner, shutdown
+from forge.controller.service import ReplicaDiedError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def provisioner():
+    yield get_provisioner()
+    await shutdown()
+
+
+async def replica_pids(service) -> list[int]:
+    return [info["pid"] for info in await service.info.fanout()]
+
+
+async def wait_until(predicate, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.1)
+
+
+async def test_round_robin_spreads_calls_evenly(provisioner):
+    service = await Echo.options(num_replicas=3).as_service()
+    results = await asyncio.gather(*(service.work.route(i) for i in range(31)))
+    assert [x for _, x in results] == list(range(31))
+    counts = collections.Counter(pid for pid, _ in results)
+    assert sorted(counts) == sorted(await replica_pids(service))
+    assert max(counts.values()) - min(counts.values()) <= 1, counts
+
+
+async def test_least_loaded_prefers_the_idle_replica(provisioner):
+    service = await Echo.options(num_replicas=2, routing="least_loaded").as_service()
+    busy = asyncio.ensure_future(service.work.route(0, 2.0))
+    await asyncio.sleep(0.1)
+    pids = {(await service.work.route(i))[0] for i in range(5)}
+    busy_pid, _ = await busy
+    assert busy_pid not in pids and len(pids) == 1
+
+
+async def test_session_sticks_to_one_replica(provisioner):
+    service = await Echo.options(num_replicas=3).as_service()
+
+    async def one_session() -> set[int]:
+        async with service.session():
+            return {(await service.work.route(i))[0] for i in range(6)}
+
+    sessions = await asyncio.gather(*(one_session() for _ in range(3)))
+    assert all(len(pids) == 1 for pids in sessions)
+    # Three sessions started together land on three replicas: stickiness, not one favourite.
+    assert len(set.union(*sessions)) == 3
+
+
+async def test_fanout_reaches_every_healthy_replica(provisioner):
+    service = await Echo.options(num_replicas=3).as_service("fan")
+    infos = await service.info.fanout()
+    assert len({i["pid"] for i in infos}) == 3
+    assert all(i["tag"] == "fan" and i["setup_done"] for i in infos)
+
+
+async def test_endpoint_error_reaches_caller_and_replica_keeps_serving(provisioner):
+    service = await Echo.options(num_replicas=2).as_service()
+    with pytest.raises(ActorError, match="bad row 17"):
+        await service.fail.route("bad row 17")
+    results = await asyncio.gather(*(service.work.route(i) for i in range(10)))
+    assert len({pid for pid, _ in results}) == 2
+    metrics = service.metrics()
+    assert sum(m["errors"] for m in metrics) == 1
+    assert all(m["state"] == "healthy" and m["deaths"] == 0 for m in metrics)
+
+
+async def test_per_replica_cap_queues_requests(provisioner):
+    service = await Echo.options(num_replicas=1, max_concurrent=3).as_service()
+    calls = [asyncio.ensure_future(service.work.route(i, 0.3)) for i in range(9)]
+    await asyncio.sleep(0.1)
+    (m,) = service.metrics()
+    assert m["in_flight"] == 3 and m["queued"] == 6
+    await asyncio.gather(*calls)
+    (info,) = await service.info.fanout()
+    assert info["max_running"] == 3
+
+
+async def test_sigkill_under_load_loses_no_retry_safe_call(provisioner):
+    service = await Echo.options(num_replicas=2, health_interval_s=0.5).as_service()
+    current_version = 7
+
+    async def on_recover(actor) -> None:
+        await actor.recover_to.call(current_version)
+
+    service.on_recover = on_recover
+    victim = (await replica_pids(service))[0]
+    safe = [asyncio.ensure_future(service.work.route(i, 1.0)) for i in range(200)]
+    unsafe = [asyncio.ensure_future(service.unsafe_work.route(i, 1.0)) for i in range(10)]
+    await asyncio.sleep(0.3)
+    os.kill(victim, signal.SIGKILL)
+
+    assert [x for _, x in await asyncio.gather(*safe)] == list(range(200))
+    unsafe_results = await asyncio.gather(*unsafe, return_exceptions=True)
+    died = [r for r in unsafe_results if isinstance(r, BaseException)]
+    assert died and all(isinstance(e, ReplicaDiedError) for e in died)
+    assert all("\n" not in str(e) and "not retry_safe" in str(e) for e in died)
+    assert service.retries >= 1
+
+    await wait_until(lambda: service.metrics()[0]["recoveries"] == 1)
+    infos = await service.info.fanout()
+    assert victim not in {i["pid"] for i in infos} and len(infos) == 2
+    respawned = next(i for i in infos if i["recovered_to"] is not None)
+    assert respawned["recovered_to"] == current_version and respawned["setup_done"]
+    (m0, m1) = service.metrics()
+    assert (m0["deaths"], m0["state"], m1["deaths"]) == (1, "healthy", 0)
+    results = await asyncio.gather(*(service.work.route(i) for i in range(10)))
+    assert {pid for pid, _ in results} == {i["pid"] for i in infos}
+
+
+async def test_scale_up_and_down_under_load_loses_no_call(provisioner):
+    service = await Echo.options(num_replicas=2).as_service()
+    stop = asyncio.Event()
+    done: list[int] = []
+
+    async def client(cid: int) -> None:
+        i = 0
+        while not stop.is_set():
+            _, x = await service.work.route(cid * 100_000 + i, 0.02)
+            done.append(x)
+            i += 1
+
+    clients = [asyncio.ensure_future(client(c)) for c in range(16)]
+    await service.scale(4)
+    assert service.num_healthy == 4
+    await asyncio.sleep(0.5)
+    assert len({pid for pid, _ in [await service.work.route(i) for i in range(8)]}) == 4
+    await service.scale(1)
+    assert service.num_healthy == 1 and len(service.metrics()) == 1
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.gather(*clients)  # any lost call would raise here
+    assert len(done) == len(set(done)) > 100
+    assert provisioner.num_procs == 1
+
+
+async def test_setup_error_reaches_caller_and_leaves_no_process(provisioner):
+    with pytest.raises(ActorError, match="no model at /nowhere"):
+        await BadSetup.options(num_replicas=2).as_service()
+    assert provisioner.num_procs == 0

@@ -1,0 +1,165 @@
+"""torchstore through forge's compatibility shim, with real Monarch processes.
+
+A store (one storage-volume process) is started once for the module; two more processes host
+``StoreUser`` actors. Tensors and state dicts go actor -> driver, actor -> actor (different
+processes) and driver -> actor, and must come back bit-exact with their dtypes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import cloudpickle
+import pytest
+import torch
+from monarch.actor import Actor, ProcMesh, endpoint, this_host
+
+from forge.weights import torchstore_compat as tsc
+
+pytestmark = pytest.mark.integration
+
+# Every await on the store or an actor gets this deadline: a failure must not hang the test.
+DEADLINE_S = 60.0
+
+# pytest imports this file under a name the child processes cannot import; ship the actor
+# class to them by value instead.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def make_tensor() -> torch.Tensor:
+    """A deterministic 2-D float32 tensor."""
+    return torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+
+
+def make_state_dict(seed: int) -> dict[str, Any]:
+    """A small nested state dict of mixed dtypes, the same for the same ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed": {"weight": torch.randn(5, 3, generator=g)},
+        "layers": {
+            "0": {
+                "attn": {"q": torch.randn(3, 3, generator=g).to(torch.bfloat16)},
+                "norm": torch.randn(3, generator=g).to(torch.float16),
+            },
+            "1": {"mlp": torch.randn(2, 3, generator=g, dtype=torch.float64)},
+        },
+        "step": torch.tensor(seed, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "ids": torch.randint(0, 255, (4,), generator=g, dtype=torch.uint8),
+    }
+
+
+def assert_same(actual: Any, expected: Any, path: str = "") -> None:
+    """Assert two nested dicts of tensors are equal: same keys, dtypes, shapes and bits."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{path}: expected a dict, got {type(actual)}"
+        assert actual.keys() == expected.keys(), f"{path}: keys differ"
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{path}/{k}")
+        return
+    assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {type(actual)}"
+    assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+    assert torch.equal(actual, expected), f"{path}: values differ"
+
+
+async def deadline(awaitable: Any) -> Any:
+    """Await ``awaitable`` with the test deadline."""
+    return await asyncio.wait_for(awaitable, timeout=DEADLINE_S)
+
+
+class StoreUser(Actor):
+    """Puts and gets through torchstore from its own process."""
+
+    @endpoint
+    async def put_tensor(self, key: str) -> None:
+        """Put :func:`make_tensor` under ``key``."""
+        await tsc.put(key, make_tensor())
+
+    @endpoint
+    async def put_state_dict(self, key: str, seed: int) -> None:
+        """Put ``make_state_dict(seed)`` under ``key``."""
+        await tsc.put_state_dict(make_state_dict(seed), key)
+
+    @endpoint
+    async def get_tensor(self, key: str) -> torch.Tensor:
+        """Get the tensor stored under ``key``."""
+        return await tsc.get(key)
+
+    @endpoint
+    async def get_state_dict(self, key: str) -> dict[str, Any]:
+        """Get the state dict stored under ``key``."""
+        return await tsc.get_state_dict(key)
+
+
+@pytest.fixture(scope="module")
+async def store() -> AsyncIterator[None]:
+    """One torchstore store for the module, shut down (volume process stopped) at the end."""
+    await deadline(tsc.initialize(num_storage_volumes=1))
+    try:
+        yield
+    finally:
+        await deadline(tsc.shutdown())
+
+
+@pytest.fixture(scope="module")
+async def users(store: None) -> AsyncIterator[StoreUser]:
+    """``StoreUser`` actors in two processes of their own, stopped at the end."""
+    procs: ProcMesh = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        yield procs.spawn("store_user", StoreUser)
+    finally:
+        await deadline(procs.stop())
+
+
+async def test_actor_put_driver_get(users: StoreUser) -> None:
+    writer = users.slice(procs=0)
+    await deadline(writer.put_tensor.call_one("a2d/tensor"))
+    await deadline(writer.put_state_dict.call_one("a2d/sd", 1))
+
+    assert_same(await deadline(tsc.get("a2d/tensor")), make_tensor())
+    assert_same(await deadline(tsc.get_state_dict("a2d/sd")), make_state_dict(1))
+    assert await deadline(tsc.exists("a2d/tensor"))
+
+
+async def test_actor_put_other_process_get(users: StoreUser) -> None:
+    writer, reader = users.slice(procs=0), users.slice(procs=1)
+    await deadline(writer.put_tensor.call_one("a2a/tensor"))
+    await deadline(writer.put_state_dict.call_one("a2a/sd", 2))
+
+    assert_same(await deadline(reader.get_tensor.call_one("a2a/tensor")), make_tensor())
+    assert_same(await deadline(reader.get_state_dict.call_one("a2a/sd")), make_state_dict(2))
+
+
+async def test_driver_put_actor_get(users: StoreUser) -> None:
+    await deadline(tsc.put_state_dict(make_state_dict(3), "d2a/sd"))
+    reader = users.slice(procs=1)
+    assert_same(await deadline(reader.get_state_dict.call_one("d2a/sd")), make_state_dict(3))
+
+
+async def test_overwrite_returns_latest(store: None) -> None:
+    await deadline(tsc.put("overwrite", torch.zeros(3)))
+    await deadline(tsc.put("overwrite", torch.ones(3, dtype=torch.float64)))
+    assert_same(await deadline(tsc.get("overwrite")), torch.ones(3, dtype=torch.float64))
+
+
+async def test_missing_key_raises_clearly(store: None) -> None:
+    assert not await deadline(tsc.exists("never-put"))
+    with pytest.raises(KeyError, match="Unable to locate never-put"):
+        await deadline(tsc.get("never-put"))
+    with pytest.raises(RuntimeError, match="Mapping is missing"):
+        await deadline(tsc.get_state_dict("never-put-sd"))
+    # The controller survives the failed lookups.
+    await deadline(tsc.put("after-miss", torch.arange(3)))
+    assert_same(await deadline(tsc.get("after-miss")), torch.arange(3))
+
+
+def test_shim_is_installed_once() -> None:
+    import torchstore.api
+
+    before = torchstore.api.Controller
+    tsc.apply_compat()
+    assert torchstore.api.Controller is before is tsc.AsyncController
