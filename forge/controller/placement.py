@@ -89,10 +89,9 @@ def place(
                 cpus=tuple(tuple(c) for _, c in taken),
             )
     raise PlacementError(
-        f"no {num_hosts} host(s) with {need_gpus} free GPUs and {need_cpus} free cores each "
-        f"for {procs_per_host} procs per host (hosts: "
+        f"cannot place {procs_per_host} procs per host needing {need_gpus} GPUs and "
+        f"{need_cpus} cores on each of {num_hosts} host(s); free: "
         + ", ".join(f"{h.name} {len(h.free_gpus)} GPUs/{len(h.free_cpus)} cores" for h in hosts)
-        + ")"
     )
 
 

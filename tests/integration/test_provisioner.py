@@ -1,0 +1,85 @@
+"""The provisioner on real processes: placement reaches the processes, nothing outlives it."""
+
+import psutil
+import pytest
+from helper_actors import Echo
+
+from forge.controller import ProvisionerConfig, get_provisioner, init_provisioner, shutdown
+
+pytestmark = pytest.mark.integration
+
+
+def descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def monarch_workers() -> set[int]:
+    # ProcessJob hosts run in their own sessions: not our children, so look them up by command.
+    found = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if "run_worker_loop_forever" in " ".join(p.info["cmdline"] or []):
+            found.add(p.pid)
+    return found
+
+
+async def test_env_and_cpu_pinning_reach_the_process():
+    try:
+        actor = await Echo.options(procs=1, cpus_per_proc=1, env={"FORGE_TEST": "yes"}).as_actor()
+        info = await actor.info.call_one()
+        assert info["env"]["FORGE_TEST"] == "yes"
+        assert info["affinity"] == [int(info["env"]["FORGE_CPUS"])]
+        assert info["threads"] == 1 and info["env"]["OMP_NUM_THREADS"] == "1"
+        other = await Echo.options(procs=1, cpus_per_proc=1).as_actor()
+        other_info = await other.info.call_one()
+        assert other_info["affinity"] != info["affinity"]  # disjoint pools
+        await Echo.shutdown(other)
+        assert get_provisioner().num_procs == 1
+    finally:
+        await shutdown()
+
+
+async def test_two_proc_mesh_ranks():
+    try:
+        actor = await Echo.options(procs=2).as_actor()
+        envs = [i["env"] for i in (await actor.info.call()).values()]
+        assert sorted(e["RANK"] for e in envs) == ["0", "1"]
+        assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+        assert len({e["MASTER_PORT"] for e in envs}) == 1
+    finally:
+        await shutdown()
+
+
+async def test_multi_host_mesh_on_emulated_hosts_and_no_orphans():
+    before, workers_before = descendants(), monarch_workers()
+    init_provisioner(ProvisionerConfig(launcher="process", hosts=2))
+    try:
+        actor = await Echo.options(procs=1, hosts=2).as_actor()
+        envs = [i["env"] for i in (await actor.info.call()).values()]
+        assert sorted(e["RANK"] for e in envs) == ["0", "1"]
+        assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+        assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+        service = await Echo.options(num_replicas=2).as_service()
+        assert len({i["pid"] for i in await service.info.fanout()}) == 2
+        assert len(monarch_workers() - workers_before) == 2
+    finally:
+        await shutdown()
+    assert monarch_workers() == workers_before
+    assert await _settled(before)
+
+
+async def test_shutdown_stops_every_process_it_started():
+    before = descendants()
+    await Echo.options(num_replicas=3).as_service()
+    await Echo.options(procs=2).as_actor()
+    assert len(descendants() - before) >= 5
+    await shutdown()
+    assert await _settled(before)
+
+
+async def _settled(before: set[int], timeout: float = 10.0) -> bool:
+    import asyncio
+
+    async with asyncio.timeout(timeout):
+        while descendants() - before:
+            await asyncio.sleep(0.1)
+    return True
