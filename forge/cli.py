@@ -1,0 +1,96 @@
+"""The `forge` command line (also `python -m forge`).
+
+    forge run APP_PATH [--config FILE] [key=value ...]
+
+runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
+`async def`, whose first parameter is annotated with the app's config dataclass. The config is
+loaded from FILE and the overrides (see forge.config) before main is called, so a bad config
+fails with one line before any process starts.
+"""
+
+import argparse
+import asyncio
+import dataclasses
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn, get_type_hints
+
+import cloudpickle
+
+from forge.config import ConfigError, load_config
+
+# The name an app file is imported under: apps/ is not a package, so it has no dotted name.
+APP_MODULE = "forge_app"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `forge` console script; `argv` defaults to sys.argv[1:]."""
+    # Arguments that are not options of the subcommand are its config overrides.
+    args, overrides = _parser().parse_known_args(argv)
+    try:
+        args.command(args, overrides)
+    except ConfigError as e:
+        _fail(f"config error: {e}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge", description="forge: async RL post-training")
+    commands = parser.add_subparsers(title="commands", required=True)
+    run = commands.add_parser(
+        "run",
+        usage="forge run APP_PATH [--config FILE] [key=value ...]",
+        help="run an app with its config",
+        description="Load the config, then call main(cfg) of the app file.",
+        epilog="key=value overrides take dotted keys (trainer.lr=1e-4), parsed as yaml.",
+    )
+    run.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
+    run.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    run.set_defaults(command=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge run`: import the app, load its config, call its main."""
+    app_main, schema = _load_app(args.app)
+    cfg = load_config(schema, args.config, overrides)
+    result = app_main(cfg)
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
+
+
+def _load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
+    """The `main` of the app file at `path`, and the config dataclass its first parameter takes."""
+    if path.suffix != ".py" or not path.is_file():
+        _fail(f"error: {path}: not a python file")
+    app_main = getattr(_import_file(path), "main", None)
+    if not callable(app_main):
+        _fail(f"error: {path}: defines no main(cfg)")
+    params = list(inspect.signature(app_main).parameters)
+    schema = get_type_hints(app_main).get(params[0]) if params else None
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        _fail(f"error: {path}: the first parameter of main must be annotated with a dataclass")
+    return app_main, schema
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import the python file at `path` as module APP_MODULE."""
+    spec = importlib.util.spec_from_file_location(APP_MODULE, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses look their module up there.
+    sys.modules[APP_MODULE] = module
+    spec.loader.exec_module(module)
+    # Actor processes cannot import the app by name, so what it defines (a reward function, an
+    # actor class) is sent to them by value.
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def _fail(message: str) -> NoReturn:
+    """Print one line to stderr and exit with status 2, as argparse does for bad usage."""
+    print(f"forge: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,195 @@
+"""Configs: yaml files and command-line overrides loaded onto dataclasses, with one-line errors.
+
+A config is a dataclass (holding other dataclasses, lists, dicts, Optional values, and choices
+as an Enum or a Literal); a yaml file maps onto it one to one. `load_config` applies, in order,
+the dataclass defaults, the yaml file and `key=value` overrides with dotted keys
+(`trainer.lr=1e-4`, values parsed as yaml), resolves `${...}` interpolations and returns an
+instance of the dataclass. Checks that span several fields belong in `__post_init__`, raising
+ValueError.
+
+Every bad input raises ConfigError, whose message is one line naming where the input came from
+(the yaml file, or "command line") and the full dotted key:
+
+    configs/grpo.yaml: trainer.lr: Value 'fast' of type 'str' could not be converted to Float
+"""
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._yaml import get_yaml_loader
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+
+T = TypeVar("T")
+
+COMMAND_LINE = "command line"
+
+
+class ConfigError(ValueError):
+    """A bad config input. The message is one line: source, dotted key, what is wrong."""
+
+    def __init__(self, message: str) -> None:
+        # Printed as one line by the CLI, whatever a wrapped message (from __post_init__) held.
+        super().__init__(" ".join(message.splitlines()))
+
+
+def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
+    """Build a `schema` instance from its defaults, the yaml file at `path`, then `overrides`.
+
+    Args:
+        schema: the config dataclass.
+        path: a yaml file whose top level is a mapping onto `schema`, or None for defaults.
+        overrides: `dotted.key=value` strings, applied in order after the file.
+
+    Raises:
+        ConfigError: on any bad input, naming its source and key.
+    """
+    cfg = OmegaConf.structured(schema)
+    applied: list[tuple[str, str]] = []  # (dotted key, source) of every value set, in order
+    if path is not None:
+        _merge(cfg, _read_yaml(Path(path)), str(path), applied)
+    for override in overrides:
+        _merge(cfg, _parse_override(override), COMMAND_LINE, applied)
+    return _instantiate(cfg, applied, default_source=COMMAND_LINE if path is None else str(path))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping at the top of the yaml file at `path` ({} for an empty file)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            # OmegaConf.load's own parser (YAML 1.2 floats like 1e-4, duplicate keys refused),
+            # called directly because OmegaConf.load turns a top-level string into a mapping.
+            data = yaml.load(f, Loader=get_yaml_loader())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: yaml syntax error: {_yaml_problem(e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        got = _shape(data) or type(data).__name__
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {got}")
+    return data
+
+
+def _parse_override(override: str) -> dict[str, Any]:
+    """`a.b=[1, 2]` -> {"a": {"b": [1, 2]}}, the value parsed as yaml as in a config file."""
+    key, sep, text = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{COMMAND_LINE}: {override!r}: expected key=value")
+    try:
+        value = yaml.load(text, Loader=get_yaml_loader())
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"{COMMAND_LINE}: {key}: cannot parse {text!r}: {_yaml_problem(e)}"
+        ) from None
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def _merge(
+    node: DictConfig,
+    data: dict[str, Any],
+    source: str,
+    applied: list[tuple[str, str]],
+    prefix: str = "",
+) -> None:
+    """Merge `data` from `source` onto `node` in place, recording in `applied` what it set.
+
+    Goes down through mappings one key at a time, so that every error names its full key:
+    omegaconf does not, for a mapping given where a list belongs or the reverse.
+    """
+    children = dict(node.items_ex(resolve=False))
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        expected, got = _shape(children.get(key)), _shape(value)
+        if expected and got and expected != got:
+            raise _error(source, path, f"expected {expected}, got {got}")
+        if expected == got == "a mapping" and _holds_mapping(node, key):
+            _merge(node[key], value, source, applied, f"{path}.")
+            continue
+        try:
+            node.merge_with({key: value})
+        except ConfigKeyError as e:
+            raise _error(source, e.full_key or path, "unknown key" + _suggestion(e)) from None
+        except OmegaConfBaseException as e:
+            raise _error(source, e.full_key or path, _first_line(e)) from None
+        applied.append((path, source))
+
+
+def _holds_mapping(node: DictConfig, key: str) -> bool:
+    """Whether `node[key]` is a mapping to merge into, not None, ??? or an interpolation."""
+    if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+        return False
+    return isinstance(node.get(key), DictConfig)
+
+
+def _instantiate(cfg: DictConfig, applied: list[tuple[str, str]], default_source: str) -> Any:
+    """Resolve interpolations and build the dataclasses, running their __post_init__ checks."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        key, detail = e.full_key or "", "missing required value"
+    except OmegaConfBaseException as e:  # an interpolation that does not resolve
+        key, detail = e.full_key or "", _first_line(e)
+    except ValueError as e:  # a __post_init__ refused a combination of values
+        key, detail = _refusing_node(cfg), str(e)
+    # Raised outside the handlers so that omegaconf's exception is not chained onto it.
+    raise _error(_sources(key, applied, default_source), key, detail)
+
+
+def _refusing_node(node: DictConfig, prefix: str = "") -> str:
+    """Dotted key of the deepest mapping under `node` that fails to instantiate ("" for node)."""
+    for key, child in node.items_ex(resolve=False):
+        if isinstance(child, DictConfig):
+            try:
+                OmegaConf.to_object(child)
+            except ValueError:
+                return _refusing_node(child, f"{prefix}{key}.")
+    return prefix.removesuffix(".")
+
+
+def _sources(key: str, applied: list[tuple[str, str]], default: str) -> str:
+    """The sources that set `key`, a key inside it or one holding it, in the order applied."""
+    found = dict.fromkeys(source for k, source in applied if _overlaps(k, key))
+    return " and ".join(found) or default
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted keys `a` and `b` are equal or one lies inside the other ("" holds all)."""
+    short, long = sorted((a, b), key=len)
+    return not short or long == short or long.startswith((f"{short}.", f"{short}["))
+
+
+def _error(source: str, key: str, detail: str) -> ConfigError:
+    return ConfigError(": ".join(part for part in (source, key, detail) if part))
+
+
+def _suggestion(e: ConfigKeyError) -> str:
+    known = [str(k) for k in e.parent_node] if isinstance(e.parent_node, DictConfig) else []
+    close = difflib.get_close_matches(str(e.key), known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _first_line(e: OmegaConfBaseException) -> str:
+    """omegaconf's message without the lines of node metadata it appends."""
+    return str(e).partition("\n")[0]
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    return getattr(e, "problem", None) or str(e)
+
+
+def _shape(value: Any) -> str | None:
+    """Whether `value` (plain or omegaconf) is a mapping, a list, or neither (None)."""
+    if isinstance(value, dict | DictConfig):
+        return "a mapping"
+    if isinstance(value, list | ListConfig):
+        return "a list"
+    return None
