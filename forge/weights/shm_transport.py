@@ -1,0 +1,101 @@
+"""Same-host weight transport: each version is one file of packed tensors in shared memory.
+
+`/dev/shm/<root>/v<version>/tensors.bin` holds the tensors back to back; `manifest.json` is
+renamed into place after it, so its presence means the version is complete. Readers map the
+file copy-on-write: fetching costs no copy, only the checksum pass.
+"""
+
+import asyncio
+import mmap
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from forge.weights.manifest import (
+    Manifest,
+    WeightVersionError,
+    build_manifest,
+    tensor_bytes,
+    verify,
+)
+
+
+class SharedMemoryTransport:
+    """Publishes and fetches weight versions through files under `root` (keep it on tmpfs)."""
+
+    def __init__(self, root: str | Path, fetch_timeout_s: float = 60.0) -> None:
+        self.root = Path(root)
+        self.fetch_timeout_s = fetch_timeout_s
+
+    def _dir(self, version: int) -> Path:
+        return self.root / f"v{version:09d}"
+
+    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
+        """Packs `state_dict` into one file, then writes the manifest beside it."""
+        return await asyncio.to_thread(self._publish, version, state_dict)
+
+    def _publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
+        state_dict = {k: v.detach().cpu() for k, v in state_dict.items()}
+        manifest = build_manifest(version, state_dict)
+        folder = self._dir(version)
+        shutil.rmtree(folder, ignore_errors=True)  # a half-written earlier attempt
+        folder.mkdir(parents=True)
+        with open(folder / "tensors.bin", "wb+") as f:
+            f.truncate(max(manifest.total_bytes, 1))
+            with mmap.mmap(f.fileno(), 0) as mm:
+                packed = torch.frombuffer(mm, dtype=torch.uint8)
+                for e in manifest.tensors:
+                    packed[e.offset : e.offset + e.nbytes].copy_(tensor_bytes(state_dict[e.name]))
+                del packed  # the map cannot close while a view of it exists
+        tmp = folder / "manifest.json.tmp"
+        tmp.write_text(manifest.to_json())
+        os.replace(tmp, folder / "manifest.json")
+        return manifest
+
+    async def fetch(self, version: int) -> dict[str, torch.Tensor]:
+        """Maps the version's tensors (no copy) once its manifest exists, and verifies them."""
+        manifest_path = self._dir(version) / "manifest.json"
+        deadline = time.monotonic() + self.fetch_timeout_s
+        while not manifest_path.exists():
+            if time.monotonic() > deadline:
+                raise WeightVersionError(
+                    f"version {version}: no complete manifest at {manifest_path} "
+                    f"after {self.fetch_timeout_s}s"
+                )
+            await asyncio.sleep(0.05)
+        return await asyncio.to_thread(self._read, version, manifest_path)
+
+    def _read(self, version: int, manifest_path: Path) -> dict[str, torch.Tensor]:
+        manifest = Manifest.from_json(manifest_path.read_text())
+        if manifest.version != version:
+            raise WeightVersionError(f"version {version}: manifest is for {manifest.version}")
+        with open(manifest_path.parent / "tensors.bin", "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < manifest.total_bytes:
+                raise WeightVersionError(
+                    f"version {version}: tensors.bin has {size} bytes, manifest says "
+                    f"{manifest.total_bytes} (truncated)"
+                )
+            # Copy-on-write: torch needs a writable buffer, and nothing writes back to the file.
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        state_dict = {}
+        for e in manifest.tensors:
+            flat = torch.frombuffer(mm, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
+            state_dict[e.name] = flat.view(getattr(torch, e.dtype)).reshape(e.shape)
+        verify(manifest, state_dict)
+        return state_dict
+
+    async def delete(self, version: int) -> None:
+        """Removes the version's folder (mapped readers keep their pages until they let go)."""
+        await asyncio.to_thread(shutil.rmtree, self._dir(version), True)
+
+    async def versions(self) -> list[int]:
+        """Versions with a manifest, oldest first."""
+        if not self.root.exists():
+            return []
+        return sorted(
+            int(d.name[1:]) for d in self.root.iterdir() if (d / "manifest.json").exists()
+        )

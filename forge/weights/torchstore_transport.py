@@ -1,0 +1,70 @@
+"""Weight transport over torchstore: works across hosts (RDMA where available, else RPC).
+
+Each tensor is stored under `<prefix>/v<version>/<name>`, and the manifest, as JSON, under
+`<prefix>/v<version>/manifest` after all of them.
+"""
+
+import asyncio
+import time
+
+import torch
+
+from forge.weights import torchstore_compat as ts
+from forge.weights.manifest import Manifest, WeightVersionError, build_manifest, verify
+
+
+class TorchStoreTransport:
+    """Publishes and fetches weight versions through a torchstore (call `ts.initialize` first)."""
+
+    def __init__(self, prefix: str = "weights", fetch_timeout_s: float = 60.0) -> None:
+        self.prefix = prefix.strip("/")
+        self.fetch_timeout_s = fetch_timeout_s
+
+    def _key(self, version: int, name: str) -> str:
+        return f"{self.prefix}/v{version:09d}/{name}"
+
+    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
+        """Puts every tensor, then the manifest."""
+        state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+        manifest = await asyncio.to_thread(build_manifest, version, state_dict)
+        for name, tensor in state_dict.items():
+            await ts.put(self._key(version, f"tensors/{name}"), tensor)
+        await ts.put(self._key(version, "manifest"), manifest.to_json())
+        return manifest
+
+    async def fetch(self, version: int) -> dict[str, torch.Tensor]:
+        """Waits for the manifest, gets every tensor it lists and verifies them."""
+        key = self._key(version, "manifest")
+        deadline = time.monotonic() + self.fetch_timeout_s
+        while not await ts.exists(key):
+            if time.monotonic() > deadline:
+                raise WeightVersionError(
+                    f"version {version}: no manifest in torchstore under {key!r} "
+                    f"after {self.fetch_timeout_s}s"
+                )
+            await asyncio.sleep(0.05)
+        manifest = Manifest.from_json(await ts.get(key))
+        try:
+            state_dict = {
+                e.name: await ts.get(self._key(version, f"tensors/{e.name}"))
+                for e in manifest.tensors
+            }
+        except KeyError as e:
+            raise WeightVersionError(f"version {version}: a tensor is missing ({e})") from None
+        await asyncio.to_thread(verify, manifest, state_dict)
+        return state_dict
+
+    async def delete(self, version: int) -> None:
+        """Deletes the manifest first (so readers stop trusting the version), then tensors."""
+        key = self._key(version, "manifest")
+        if not await ts.exists(key):
+            return
+        manifest = Manifest.from_json(await ts.get(key))
+        await ts.delete(key)
+        for e in manifest.tensors:
+            await ts.delete(self._key(version, f"tensors/{e.name}"))
+
+    async def versions(self) -> list[int]:
+        """Versions with a manifest, oldest first."""
+        keys = await ts.keys(f"{self.prefix}/")
+        return sorted(int(k.split("/")[-2][1:]) for k in keys if k.endswith("/manifest"))

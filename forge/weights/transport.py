@@ -1,0 +1,64 @@
+"""How weight versions travel from the trainer to generators.
+
+A transport publishes a version (tensors first, manifest last) and fetches one (waiting for its
+manifest up to a deadline, then verifying every tensor against it). Two exist: same-host
+shared memory (`SharedMemoryTransport`) and torchstore (`TorchStoreTransport`, across hosts).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from forge.weights.manifest import Manifest
+
+
+@dataclass
+class TransportConfig:
+    """Which transport carries weights, and where.
+
+    Args:
+        kind: "shm" (same host, /dev/shm) or "torchstore" (any host).
+        path: shm: the folder that holds versions; torchstore: the key prefix.
+        fetch_timeout_s: how long a fetch waits for a version's manifest to appear.
+    """
+
+    kind: str = "shm"
+    path: str = "/dev/shm/forge-weights"
+    fetch_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("shm", "torchstore"):
+            raise ValueError(f"kind must be 'shm' or 'torchstore', got {self.kind!r}")
+
+
+class WeightTransport(Protocol):
+    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
+        """Writes every tensor of `state_dict` (HF names), then the manifest."""
+        ...
+
+    async def fetch(self, version: int) -> dict[str, torch.Tensor]:
+        """Waits for `version`'s manifest, reads the tensors and verifies them.
+
+        Raises WeightVersionError if the version does not appear in time or fails to verify.
+        """
+        ...
+
+    async def delete(self, version: int) -> None:
+        """Removes a version; deleting one that does not exist does nothing."""
+        ...
+
+    async def versions(self) -> list[int]:
+        """The complete versions (those with a manifest), oldest first."""
+        ...
+
+
+def make_transport(cfg: TransportConfig) -> WeightTransport:
+    """The transport `cfg` names."""
+    if cfg.kind == "shm":
+        from forge.weights.shm_transport import SharedMemoryTransport
+
+        return SharedMemoryTransport(cfg.path, cfg.fetch_timeout_s)
+    from forge.weights.torchstore_transport import TorchStoreTransport
+
+    return TorchStoreTransport(cfg.path, cfg.fetch_timeout_s)
