@@ -17,6 +17,7 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.placement import HostDevices, Placement, place, proc_env, release
+from forge.controller.slurm_compat import patch_slurm_job
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class SlurmConfig:
     python_exe: str | None = None  # None: this interpreter
     extra_args: list[str] = field(default_factory=list)
     job_start_timeout: int | None = 1800
+    exclusive: bool = True  # whole nodes; False shares them (then size cpus_per_task and mem)
+    port: int = 22222  # where each node's Monarch worker listens
+    log_dir: str | None = None  # for the job's stdout/stderr; None: the current directory
 
 
 @dataclass
@@ -146,10 +150,13 @@ class Provisioner:
         if self.cfg.launcher == "process":
             return ProcessJob({"hosts": self.cfg.hosts})
         s = self.cfg.slurm
-        return SlurmJob(
+        job = SlurmJob(
             {"hosts": self.cfg.hosts},
             python_exe=s.python_exe or sys.executable,
             slurm_args=s.extra_args,
+            monarch_port=s.port,
+            log_dir=s.log_dir,
+            exclusive=s.exclusive,
             job_name=s.job_name,
             time_limit=s.time,
             partition=s.partition,
@@ -160,6 +167,7 @@ class Provisioner:
             qos=s.qos,
             job_start_timeout=s.job_start_timeout,
         )
+        return patch_slurm_job(job)
 
     async def spawn_procs(self, pc: ProcessConfig) -> ProcMesh:
         """Starts a proc mesh with its own devices, as `pc` asks."""

@@ -1,0 +1,64 @@
+"""Compatibility of monarch 0.7.0's `SlurmJob` with SLURM 22.05 (Debian 12) and loopback hosts.
+
+Two upstream gaps, both in torchmonarch 0.7.0:
+- it reads `squeue --json` in the SLURM 23.02+ layout, and SLURM 22.05 ignores `--job` when
+  `--json` is given, so monarch would read whichever job is listed first;
+- it makes the driver listen on its hostname's address, and panics when that name resolves only
+  to loopback (Debian's 127.0.1.1 entry, containers).
+"""
+
+import ipaddress
+import json
+import logging
+import socket
+import subprocess
+from typing import Any
+
+from monarch.actor import ChannelTransport
+from monarch.config import configure
+
+logger = logging.getLogger(__name__)
+
+
+def patch_slurm_job(job: Any) -> Any:
+    """Applies both fixes to one `SlurmJob` (and, for the second, to this process)."""
+    job._get_job_info_json = _squeue_job
+    if not _hostname_routable():
+        # No other machine could reach this one by that name anyway: the nodes must be this one.
+        logger.warning("%s resolves only to loopback: listening on localhost", socket.gethostname())
+        configure(default_transport=ChannelTransport.TcpWithLocalhost)
+    return job
+
+
+def _hostname_routable() -> bool:
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return False
+    addrs = (ipaddress.ip_address(info[4][0]) for info in infos)
+    return any(not (a.is_loopback or a.is_link_local) for a in addrs)
+
+
+def _squeue_job(job_id: str) -> dict[str, Any] | None:
+    """One job from `squeue --json`, in the shape monarch 0.7 reads (SLURM 23.02+).
+
+    SLURM 22.05 (Debian 12) lists every job whatever `--job` says, so monarch would read the
+    first job listed, often an old one; it also gives `job_state` as a string and the nodes
+    under `job_resources.allocated_nodes`.
+    """
+    out = subprocess.run(["squeue", "--job", job_id, "--json"], capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        return None  # squeue no longer knows the id: the job ended a while ago
+    jobs = json.loads(out.stdout).get("jobs", [])
+    job = next((j for j in jobs if str(j.get("job_id")) == job_id), None)
+    return _as_squeue_23(job) if job else None
+
+
+def _as_squeue_23(job: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(job.get("job_state"), str):
+        job["job_state"] = [job["job_state"]]
+    res = job.get("job_resources") or {}
+    if isinstance(res.get("nodes"), str):
+        nodes = [{"name": n["nodename"]} for n in res.get("allocated_nodes", [])]
+        job["job_resources"] = {**res, "nodes": {"allocation": nodes}}
+    return job
