@@ -4,7 +4,6 @@ Tests that need SLURM are skipped where no SLURM node is idle, so machines witho
 """
 
 import asyncio
-import json
 import os
 import shutil
 import socket
@@ -18,7 +17,6 @@ from helper_actors import Echo
 from monarch.actor import endpoint
 
 from forge.controller import ProvisionerConfig, SlurmConfig, init_provisioner, shutdown
-from forge.controller import provisioner as provisioner_module
 
 PARTITION = "debug"
 
@@ -127,24 +125,3 @@ async def test_two_replica_service_on_the_slurm_host(slurm_config):
     assert {pid for pid, _ in results} == set(pids)
     assert sorted(x for _, x in results) == list(range(8))
     await _gone(job_ids[0])
-
-
-def test_squeue_json_of_slurm_22_05_reads_like_23_02(monkeypatch):
-    # SLURM 22.05 ignores --job under --json: the asked-for job is not the first one listed.
-    jobs = [
-        {"job_id": 1, "job_state": "COMPLETED", "job_resources": {"nodes": "n0"}},
-        {
-            "job_id": 7,
-            "job_state": "RUNNING",
-            "job_resources": {
-                "nodes": "n[1-2]",
-                "allocated_nodes": [{"nodename": "n1"}, {"nodename": "n2"}],
-            },
-        },
-    ]
-    answer = subprocess.CompletedProcess([], 0, stdout=json.dumps({"jobs": jobs}), stderr="")
-    monkeypatch.setattr(provisioner_module.subprocess, "run", lambda *a, **k: answer)
-    job = provisioner_module._squeue_job("7")
-    assert job["job_state"] == ["RUNNING"]
-    assert job["job_resources"]["nodes"]["allocation"] == [{"name": "n1"}, {"name": "n2"}]
-    assert provisioner_module._squeue_job("8") is None
