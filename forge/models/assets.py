@@ -60,6 +60,7 @@ def tiny_model(
     head_dim: int = 64,
     intermediate: int = 256,
     seed: int = 0,
+    init_std: float = 0.02,
     path: str | Path | None = None,
 ) -> Path:
     """Return a tiny random model checkpoint with SmolLM2's tokenizer (vocab 49,152).
@@ -72,6 +73,8 @@ def tiny_model(
         family: "llama" or "qwen3".
         layers, hidden, heads, kv_heads, head_dim, intermediate: the model's shape.
         seed: seed of the random initialisation.
+        init_std: std of the initial weights; larger gives peaked next-token distributions,
+            so greedy decoding has no near-ties between two implementations.
         path: where to write the checkpoint instead of the cache.
     """
     if family not in TINY_FAMILIES:
@@ -83,8 +86,12 @@ def tiny_model(
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate,
+        initializer_range=init_std,
     )
-    name = f"tiny-{family}-L{layers}-H{hidden}-A{heads}-KV{kv_heads}-D{head_dim}-I{intermediate}"
+    name = (
+        f"tiny-{family}-L{layers}-H{hidden}-A{heads}-KV{kv_heads}-D{head_dim}-I{intermediate}"
+        f"-std{init_std:g}"
+    )
     dest = Path(path) if path is not None else models_dir() / f"{name}-seed{seed}"
     return _build_once(
         dest, lambda tmp: _write_tiny(tmp, family, shape, seed), f"building {name} (seed {seed})"

@@ -57,6 +57,18 @@ class SharedMemoryTransport:
 
     async def fetch(self, version: int) -> dict[str, torch.Tensor]:
         """Maps the version's tensors (no copy) once its manifest exists, and verifies them."""
+        manifest_path = await self._wait_for_manifest(version)
+        return await asyncio.to_thread(self._read, version, manifest_path)
+
+    async def fetch_packed(self, version: int) -> tuple[Path, Manifest]:
+        """Verifies a version and returns its packed file and manifest, for a reader that maps
+        the file itself (a vLLM engine process)."""
+        manifest_path = await self._wait_for_manifest(version)
+        await asyncio.to_thread(self._read, version, manifest_path)
+        manifest = Manifest.from_json(manifest_path.read_text())
+        return manifest_path.parent / "tensors.bin", manifest
+
+    async def _wait_for_manifest(self, version: int) -> Path:
         manifest_path = self._dir(version) / "manifest.json"
         deadline = time.monotonic() + self.fetch_timeout_s
         while not manifest_path.exists():
@@ -66,7 +78,7 @@ class SharedMemoryTransport:
                     f"after {self.fetch_timeout_s}s"
                 )
             await asyncio.sleep(0.05)
-        return await asyncio.to_thread(self._read, version, manifest_path)
+        return manifest_path
 
     def _read(self, version: int, manifest_path: Path) -> dict[str, torch.Tensor]:
         manifest = Manifest.from_json(manifest_path.read_text())

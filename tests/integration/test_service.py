@@ -71,8 +71,9 @@ async def test_fanout_reaches_every_healthy_replica(provisioner):
 
 async def test_endpoint_error_reaches_caller_and_replica_keeps_serving(provisioner):
     service = await Echo.options(num_replicas=2).as_service()
-    with pytest.raises(ActorError, match="bad row 17"):
+    with pytest.raises(ValueError, match="^bad row 17$") as raised:
         await service.fail.route("bad row 17")
+    assert isinstance(raised.value.__cause__, ActorError)  # with the remote traceback
     results = await asyncio.gather(*(service.work.route(i) for i in range(10)))
     assert len({pid for pid, _ in results}) == 2
     metrics = service.metrics()

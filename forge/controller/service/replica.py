@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
-from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+from monarch.actor import ActorError
 
 
 class ReplicaState(Enum):
@@ -69,7 +68,7 @@ class Replica:
         """Calls endpoint `name`, waiting for a free slot first.
 
         One process answers with its value; a multi-process replica answers with the list of
-        its ranks' values.
+        its ranks' values. An exception the endpoint raised is re-raised as itself.
         """
         self.queued += 1
         self.idle.clear()
@@ -84,11 +83,11 @@ class Replica:
             if self.world_size == 1:
                 return await endpoint.call_one(*args, **kwargs)
             return list((await endpoint.call(*args, **kwargs)).values())
-        except SupervisionError:
-            raise
-        except Exception:
+        except ActorError as e:
             self.metrics.errors += 1
-            raise
+            # The endpoint's own exception, so callers catch ValueError, not ActorError; the
+            # remote traceback stays attached as the cause.
+            raise e.exception from e
         finally:
             self.metrics.latencies_s.append(time.perf_counter() - start)
             self.metrics.requests += 1

@@ -21,9 +21,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
 from forge.controller.actor import is_retry_safe
 from forge.controller.provisioner import get_provisioner
-from forge.controller.service.replica import Replica, ReplicaState, SupervisionError
+from forge.controller.service.replica import Replica, ReplicaState
 from forge.controller.service.router import ROUTERS
 
 if TYPE_CHECKING:

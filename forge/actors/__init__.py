@@ -1,0 +1,1 @@
+"""RL actors: generator, trainer, reference model, replay buffer, rewards."""
