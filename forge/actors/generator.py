@@ -218,7 +218,7 @@ class Generator(ForgeActor):
 
         `mode` overrides the configured update mode for this update. If the version is missing,
         incomplete or corrupted, raises WeightVersionError and keeps serving the current
-        weights. Returns the fetch and stall times in seconds and the mode used.
+        weights. Returns the mode used and the fetch, pause and swap times in seconds.
         """
         if mode is not None and mode not in UPDATE_MODES:
             raise ValueError(f"update mode must be one of {UPDATE_MODES}, got {mode!r}")
@@ -226,7 +226,7 @@ class Generator(ForgeActor):
 
     async def _update(self, version: int, mode: str) -> dict[str, Any]:
         if version == self.version:
-            return {"fetch_s": 0.0, "stall_s": 0.0, "mode": "none"}
+            return {"mode": "none", "fetch_s": 0.0, "pause_s": 0.0, "swap_s": 0.0}
         start = time.perf_counter()
         try:
             path, manifest = await self._fetch(version)
@@ -235,6 +235,7 @@ class Generator(ForgeActor):
         fetched = time.perf_counter()
         async with self._update_lock:
             mode = await self._pause(mode)
+            paused = time.perf_counter()
             try:
                 kwargs = {"path": str(path), "manifest_json": manifest.to_json()}
                 await self.engine.collective_rpc("forge_load_packed", kwargs=kwargs)
@@ -242,10 +243,15 @@ class Generator(ForgeActor):
                 await self.engine.update_weight_version(str(version))
             finally:
                 await self.engine.resume_generation()
-        await self._staging.delete(version)
         done = time.perf_counter()
-        logger.info("weights v%d loaded (%s): stalled %.3fs", version, mode, done - fetched)
-        return {"fetch_s": fetched - start, "stall_s": done - fetched, "mode": mode}
+        await self._staging.delete(version)
+        logger.info("weights v%d loaded (%s): paused %.3fs", version, mode, done - fetched)
+        return {
+            "mode": mode,
+            "fetch_s": fetched - start,  # generation went on meanwhile
+            "pause_s": paused - fetched,  # drain: in-flight requests finishing, nothing admitted
+            "swap_s": done - paused,  # engine stopped: load, re-tie, resume
+        }
 
     async def _fetch(self, version: int) -> tuple[Path, Manifest]:
         """A verified, packed local copy of `version` that the engine process can map."""

@@ -1,0 +1,131 @@
+"""Generator throughput against raw vLLM, and what one weight update costs in each mode.
+
+Same workload for every measurement (64 prompts x 8 samples x 64 new tokens, SmolLM2-135M,
+fp32, EOS ignored so every run generates the same number of tokens):
+  1. raw vLLM: AsyncLLM called directly in this process;
+  2. the Generator actor through a one-replica service;
+  3. the same load with one weight update in the middle, once per mode (drain, abort, inflight):
+     the time generation went on while fetching, the pause before the swap, and the swap.
+
+    python bench/generator.py [--prompts 64] [--samples 8] [--tokens 64]
+"""
+
+import argparse
+import asyncio
+import os
+import time
+import uuid
+
+from safetensors.torch import load_file
+
+from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
+from forge.controller import shutdown
+from forge.models import resolve_model
+from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.transport import TransportConfig
+
+THREADS = str(len(os.sched_getaffinity(0)))
+
+
+def prompts(count: int) -> list[str]:
+    return [f"Question {i}: what is {i % 9 + 1} + {i % 7 + 2}? Answer:" for i in range(count)]
+
+
+async def raw_vllm(cfg: GeneratorConfig, texts: list[str]) -> float:
+    """Tokens/s of vLLM's AsyncLLM driven directly, with the Generator's engine settings."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(resolve_model(cfg.model)),
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enforce_eager=True,
+            kv_cache_memory_bytes=cfg.kv_cache_mb << 20,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=False,
+        )
+    )
+    s = cfg.sampling
+    params = SamplingParams(
+        n=s.n,
+        max_tokens=s.max_tokens,
+        ignore_eos=True,
+        logprobs=0,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
+    )
+
+    async def one(text: str) -> int:
+        async for out in engine.generate(text, params, request_id=uuid.uuid4().hex):
+            final = out
+        return sum(len(o.token_ids) for o in final.outputs)
+
+    await one(texts[0])  # warm-up
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(one(t) for t in texts)))
+    elapsed = time.perf_counter() - start
+    engine.shutdown()
+    return tokens / elapsed
+
+
+async def through_service(service, texts: list[str]) -> tuple[float, list]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(service.generate.route(t) for t in texts))
+    elapsed = time.perf_counter() - start
+    return sum(len(c.token_ids) for r in results for c in r) / elapsed, results
+
+
+async def update_under_load(service, texts: list[str], version: int, mode: str) -> dict:
+    load = asyncio.ensure_future(through_service(service, texts))
+    await asyncio.sleep(2.0)  # well inside the run: every request is in flight or queued
+    (timings,) = await service.update_weights.fanout(version, mode=mode)
+    tokens_per_s, results = await load
+    split = sum(len(set(c.token_versions)) == 2 for r in results for c in r)
+    return {**timings, "tokens_per_s": tokens_per_s, "split_sequences": split}
+
+
+async def main(args: argparse.Namespace) -> None:
+    cfg = GeneratorConfig(
+        max_model_len=1024,
+        kv_cache_mb=1024,
+        sampling=SamplingConfig(n=args.samples, max_tokens=args.tokens, ignore_eos=True),
+        transport=TransportConfig(path="/dev/shm/forge-bench-weights"),
+    )
+    texts = prompts(args.prompts)
+    print(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
+    raw = await raw_vllm(cfg, texts)
+    print(f"raw vLLM:            {raw:8.1f} tokens/s")
+
+    service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(cfg)
+    await through_service(service, texts[:1])  # warm-up
+    ours, _ = await through_service(service, texts)
+    print(f"Generator (service): {ours:8.1f} tokens/s")
+    print(f"Generator / raw vLLM tokens/s: {ours / raw:.3f}  (target >= 0.9)")
+
+    transport = SharedMemoryTransport(cfg.transport.path)
+    weights = load_file(resolve_model(cfg.model) / "model.safetensors")
+    for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
+        manifest = await transport.publish(version, weights)
+        r = await update_under_load(service, texts, version, mode)
+        print(
+            f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB): fetch "
+            f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s, "
+            f"swap (engine stopped) {r['swap_s']:.3f}s; run {r['tokens_per_s']:.1f} tokens/s, "
+            f"{r['split_sequences']} sequences span two versions"
+        )
+        await transport.delete(version)
+    await shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    asyncio.run(main(parser.parse_args()))
