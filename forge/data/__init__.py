@@ -1,5 +1,6 @@
 """Data: completions and episodes, datasets, rewards, collation. Plain Python, no Monarch."""
 
 from forge.data.completion import Completion
+from forge.data.episode import Episode
 
-__all__ = ["Completion"]
+__all__ = ["Completion", "Episode"]
