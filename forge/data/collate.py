@@ -1,0 +1,83 @@
+"""Collation: episodes -> padded tensors for one forward pass of prompt + completion.
+
+Position j of every per-token tensor describes token j+1 of `input_ids`, the token whose
+logprob the model's output at position j gives; `mask` marks the completion tokens.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from forge.data.episode import Episode
+
+
+@dataclass
+class Batch:
+    """Padded training tensors for a list of episodes.
+
+    Shapes: input_ids [B, T]; mask, behaviour_logprobs, ref_logprobs, teacher_logprobs
+    [B, T-1]; advantages [B].
+    """
+
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    teacher_logprobs: torch.Tensor | None
+    policy_versions: list[int | None]
+
+    @property
+    def num_tokens(self) -> int:
+        """Completion tokens in the batch (what a token-mean loss divides by)."""
+        return int(self.mask.sum())
+
+
+def sequences(episodes: list[Episode]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) of each episode."""
+    return [(e.completion.prompt_ids, e.completion.token_ids) for e in episodes]
+
+
+def pad_sequences(
+    pairs: list[tuple[list[int], list[int]]], pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [B, T] (prompt + completion, right-padded) and the completion mask [B, T-1]."""
+    length = max(len(p) + len(c) for p, c in pairs)
+    input_ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(pairs), length - 1), dtype=torch.bool)
+    for i, (prompt, completion) in enumerate(pairs):
+        input_ids[i, : len(prompt) + len(completion)] = torch.tensor(prompt + completion)
+        mask[i, len(prompt) - 1 : len(prompt) - 1 + len(completion)] = True
+    return input_ids, mask
+
+
+def scatter_tokens(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Places each sequence's per-completion-token values at its mask positions (0 elsewhere)."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, row in enumerate(values):
+        out[i, mask[i]] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def gather_tokens(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
+    """The inverse of `scatter_tokens`: each sequence's values at its completion positions."""
+    return [values[i, mask[i]].tolist() for i in range(mask.shape[0])]
+
+
+def collate(episodes: list[Episode], pad_id: int = 0) -> Batch:
+    """Pads a list of episodes into a Batch."""
+    input_ids, mask = pad_sequences(sequences(episodes), pad_id)
+
+    def optional(name: str) -> torch.Tensor | None:
+        rows = [getattr(e, name) for e in episodes]
+        return None if any(r is None for r in rows) else scatter_tokens(rows, mask)
+
+    return Batch(
+        input_ids=input_ids,
+        mask=mask,
+        advantages=torch.tensor([e.advantage for e in episodes], dtype=torch.float32),
+        behaviour_logprobs=scatter_tokens([e.completion.logprobs for e in episodes], mask),
+        ref_logprobs=optional("ref_logprobs"),
+        teacher_logprobs=optional("teacher_logprobs"),
+        policy_versions=[e.policy_version for e in episodes],
+    )

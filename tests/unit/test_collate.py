@@ -1,0 +1,30 @@
+import torch
+
+from forge.data import Completion, Episode
+from forge.data.collate import collate, gather_tokens
+
+
+def episode(prompt, tokens, logprobs, advantage, ref=None) -> Episode:
+    c = Completion(prompt, tokens, "", logprobs, [1] * len(tokens), "length")
+    return Episode("e", "g", c, advantage=advantage, ref_logprobs=ref)
+
+
+def test_positions_line_up_with_next_token_logprobs():
+    batch = collate(
+        [
+            episode([5, 6], [7, 8, 9], [-0.1, -0.2, -0.3], 1.0, ref=[-1.0, -2.0, -3.0]),
+            episode([5], [4], [-0.5], -1.0, ref=[-4.0]),
+        ],
+        pad_id=0,
+    )
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 4, 0, 0, 0]]
+    # position j predicts token j+1: completion tokens 7, 8, 9 sit at positions 1, 2, 3
+    assert batch.mask.tolist() == [[False, True, True, True], [True, False, False, False]]
+    assert torch.equal(batch.behaviour_logprobs[0], torch.tensor([0.0, -0.1, -0.2, -0.3]))
+    assert batch.ref_logprobs[1].tolist() == [-4.0, 0.0, 0.0, 0.0]
+    assert batch.advantages.tolist() == [1.0, -1.0] and batch.num_tokens == 4
+    assert gather_tokens(batch.behaviour_logprobs, batch.mask) == [
+        [torch.tensor(-0.1).item(), torch.tensor(-0.2).item(), torch.tensor(-0.3).item()],
+        [-0.5],
+    ]
+    assert batch.teacher_logprobs is None
