@@ -1,0 +1,192 @@
+"""torchtitan models from Hugging Face checkpoints: Llama 3 and Qwen 3 families.
+
+torchtitan 0.3.0 has no HF config -> model config mapping, so `titan_config` builds one from a
+checkpoint's config.json; weights go through torchtitan's own state-dict adapters (which permute
+q/k for Llama's interleaved RoPE and re-tie embeddings that the checkpoint stores once). Attention
+is SDPA, causal: the one backend with a CPU backward; batches are padded, never packed.
+"""
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+_LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+_NORM_INIT = {"weight": nn.init.ones_}
+_EMBED_INIT = {"weight": partial(nn.init.normal_, std=0.02)}
+
+
+@dataclass
+class TitanModel:
+    """A torchtitan model config with its family and HF state-dict adapter."""
+
+    family: str  # "llama" or "qwen3"
+    config: Any  # torchtitan Model.Config; .build() makes the module
+    adapter: Any  # torchtitan StateDictAdapter: from_hf / to_hf
+
+
+def _families() -> dict[str, tuple]:
+    from torchtitan.models.common import ComplexRoPE, CosSinRoPE
+    from torchtitan.models.llama3 import Llama3Model
+    from torchtitan.models.llama3.model import Llama3TransformerBlock
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+    from torchtitan.models.qwen3 import Qwen3Model
+    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+    return {
+        "llama": (Llama3Model, Llama3TransformerBlock, ComplexRoPE, Llama3StateDictAdapter),
+        "qwen3": (Qwen3Model, Qwen3TransformerBlock, CosSinRoPE, Qwen3StateDictAdapter),
+    }
+
+
+def titan_model(checkpoint: str | Path, max_seq_len: int | None = None) -> TitanModel:
+    """The torchtitan config and adapter for the HF checkpoint folder `checkpoint`.
+
+    Raises ValueError, naming the field, for architectures torchtitan's families cannot express.
+    """
+    hf = json.loads((Path(checkpoint) / "config.json").read_text())
+    family = hf.get("model_type")
+    families = _families()
+    if family not in families:
+        raise ValueError(f"{checkpoint}: model_type {family!r} is not supported (llama, qwen3)")
+    for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):
+        if hf.get(flag):
+            raise ValueError(f"{checkpoint}: {flag} is not supported by torchtitan's {family}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{checkpoint}: hidden_act {hf['hidden_act']!r} is not supported")
+    model_cls, block_cls, rope_cls, adapter_cls = families[family]
+    dim, heads = hf["hidden_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or dim // heads
+    eps = float(hf.get("rms_norm_eps", 1e-6))
+    rope = _rope(hf, rope_cls, head_dim, max_seq_len or hf.get("max_position_embeddings", 4096))
+    layers = [
+        _block(block_cls, hf, family, dim, heads, head_dim, eps, rope)
+        for _ in range(hf["num_hidden_layers"])
+    ]
+    config = _model_config(model_cls, hf, dim, eps, layers)
+    return TitanModel(family, config, adapter_cls(config, None))
+
+
+def _rope(hf: dict, rope_cls: Any, head_dim: int, max_seq_len: int) -> Any:
+    # transformers 5 keeps RoPE settings in rope_parameters; 4.x in rope_theta + rope_scaling.
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    kwargs: dict[str, Any] = dict(dim=head_dim, max_seq_len=max_seq_len, theta=theta)
+    if kind == "default":
+        kwargs["scaling"] = "none"
+    elif kind == "llama3" and rope_cls.__name__ == "ComplexRoPE":
+        kwargs.update(
+            scaling="llama",
+            scaling_factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    else:  # yarn also scales attention in HF, which torchtitan's RoPE does not
+        raise ValueError(f"rope_type {kind!r} is not supported")
+    return rope_cls.Config(**kwargs)
+
+
+def _block(block_cls, hf, family, dim, heads, head_dim, eps, rope) -> Any:
+    from torchtitan.models.common import RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+
+    def norm(size: int) -> Any:
+        return RMSNorm.Config(normalized_shape=size, eps=eps, param_init=_NORM_INIT)
+
+    explicit_head_dim = head_dim if family == "qwen3" or head_dim != dim // heads else None
+    attention = make_gqa_config(
+        dim=dim,
+        n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=explicit_head_dim,
+        wqkv_param_init=_LINEAR_INIT,
+        wo_param_init=_LINEAR_INIT,
+        inner_attention=ScaledDotProductAttention.Config(),  # flex has no CPU backward
+        fuse_qkv=False,  # a fused wqkv breaks torch.distributed's state-dict helpers
+        rope=rope,
+        qk_norm=norm(head_dim) if family == "qwen3" else None,
+    )
+    ffn = make_ffn_config(
+        dim=dim,
+        hidden_dim=hf["intermediate_size"],
+        w1_param_init=_LINEAR_INIT,
+        w2w3_param_init=_LINEAR_INIT,
+    )
+    return block_cls.Config(
+        attention_norm=norm(dim), ffn_norm=norm(dim), attention=attention, feed_forward=ffn
+    )
+
+
+def _model_config(model_cls, hf, dim, eps, layers) -> Any:
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+
+    vocab = hf["vocab_size"]
+    return model_cls.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=_EMBED_INIT
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=eps, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_LINEAR_INIT),
+        layers=layers,
+    )
+
+
+def build(
+    model: TitanModel, *, meta: bool = False, dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """Builds the module; on the meta device (to parallelize first, then materialise) or on CPU
+    with random weights and its RoPE cache."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta" if meta else "cpu"):
+            module = model.config.build()
+    finally:
+        torch.set_default_dtype(previous)
+    if not meta:
+        with torch.no_grad():
+            module.init_states(buffer_device=torch.device("cpu"))
+    return module
+
+
+def hf_state_dict(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's safetensors files, HF-named."""
+    from safetensors.torch import load_file
+
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(checkpoint).glob("*.safetensors")):
+        state_dict.update(load_file(file))
+    return state_dict
+
+
+def load_pretrained(checkpoint: str | Path, max_seq_len: int | None = None) -> nn.Module:
+    """A plain (unsharded) torchtitan model with the checkpoint's weights, in eval mode."""
+    model = titan_model(checkpoint, max_seq_len)
+    module = build(model)
+    module.load_state_dict(model.adapter.from_hf(hf_state_dict(checkpoint)), strict=True)
+    return module.eval()
+
+
+def token_logprobs(
+    module: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(input_ids[:, j+1] | input_ids[:, :j+1]) for every position j: shape [B, T-1].
+
+    Logits are divided by `temperature` first, as the generator samples.
+    """
+    logits = module(input_ids)[:, :-1].float() / temperature
+    targets = input_ids[:, 1:]
+    # cross_entropy fuses log-softmax and gather: no [B, T, vocab] log-prob tensor is kept.
+    nll = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    return -nll.view(targets.shape)
