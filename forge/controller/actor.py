@@ -20,6 +20,7 @@ from monarch.actor import Actor, ProcMesh, endpoint
 
 from forge.controller.placement import apply_cpu_affinity
 from forge.controller.provisioner import ProcessConfig, get_provisioner
+from forge.observability.metrics import Accumulator, drain_local
 
 if TYPE_CHECKING:
     from forge.controller.service import Service, ServiceConfig
@@ -54,7 +55,8 @@ class ForgeActor(Actor):
     """Base class of every forge actor.
 
     Pins the process to its cores (if the provisioner reserved any) before anything else
-    runs, and offers `setup` (heavy initialisation) and `ping` (health checks).
+    runs, and offers `setup` (heavy initialisation), `ping` (health checks) and
+    `flush_metrics` (what `record_metric` buffered in its process).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -69,6 +71,11 @@ class ForgeActor(Actor):
     async def ping(self) -> int:
         """Health check; returns the process id."""
         return os.getpid()
+
+    @endpoint
+    async def flush_metrics(self) -> dict[str, Accumulator]:
+        """Returns and clears the metrics its process recorded; `MetricLogger` calls it."""
+        return drain_local()
 
     @classmethod
     def options(

@@ -1,0 +1,40 @@
+"""A tqdm progress bar for a run: steps done / total, with a couple of live metrics."""
+
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from tqdm import tqdm
+
+
+class ProgressBar:
+    """Advances one step per `log`; shows the step and the first two of `keys` present.
+
+    Two numbers fit next to the bar on any terminal; every metric is in the files anyway.
+    It has the `Backend` methods, so `MetricLogger` can drive it like any other backend.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        keys: Sequence[str] = (),
+        desc: str = "steps",
+        file: TextIO | None = None,
+        disable: bool | None = False,
+    ) -> None:
+        """`disable=None` hides the bar when `file` is not a terminal (tqdm's rule)."""
+        self.keys = tuple(keys)
+        self._bar = tqdm(total=total, desc=desc, file=file, disable=disable, dynamic_ncols=True)
+
+    @property
+    def n(self) -> int:
+        """Steps logged so far."""
+        return self._bar.n
+
+    def log(self, step: int, metrics: Mapping[str, float], wall_time: float = 0.0) -> None:
+        shown = {k.rsplit("/", 1)[-1]: metrics[k] for k in self.keys if k in metrics}
+        postfix = {name: f"{value:.4g}" for name, value in list(shown.items())[:2]}
+        self._bar.set_postfix({"step": step, **postfix}, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
