@@ -62,3 +62,12 @@ def make_transport(cfg: TransportConfig) -> WeightTransport:
     from forge.weights.torchstore_transport import TorchStoreTransport
 
     return TorchStoreTransport(cfg.path, cfg.fetch_timeout_s)
+
+
+async def delete_older_than(transport: WeightTransport, version: int) -> list[int]:
+    """Deletes every version older than `version`: call it once every generator runs `version`
+    or newer. Returns the deleted versions."""
+    old = [v for v in await transport.versions() if v < version]
+    for v in old:
+        await transport.delete(v)
+    return old

@@ -1,0 +1,321 @@
+"""TitanTrainer: a torchtitan model trained with forge's losses, data-parallel over its procs.
+
+    trainer = await TitanTrainer.options(procs=2).as_actor(TrainerConfig())
+    metrics = await trainer.train_step.call_one(batches)   # batches[r] goes to rank r
+    await trainer.push_weights.call(version)               # every rank takes part; rank 0 publishes
+
+Uses torchtitan's models, parallelize functions (FSDP; tensor parallel on GPU) and state-dict
+adapters under our own train step: torchtitan's stock Trainer assumes CUDA. Losses are
+normalised by the global token (or sequence) count, and FSDP sums gradients, so N processes
+compute exactly what one process computes on the whole batch.
+"""
+
+import asyncio
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from monarch.actor import endpoint
+
+from forge.actors.checkpointing import CheckpointConfig, Checkpointer
+from forge.controller import ForgeActor
+from forge.data.collate import collate, gather_tokens, pad_sequences
+from forge.data.episode import Episode
+from forge.losses import GRPOConfig, grpo_loss, mismatch_kl, reverse_kl_loss
+from forge.models import resolve_model
+from forge.models.titan import build, hf_state_dict, titan_model, token_logprobs
+from forge.models.titan_compat import force_sum_reduction, use_device_type
+from forge.weights.transport import TransportConfig, make_transport
+
+OBJECTIVES = ("grpo", "distill", "sft")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SchedulerConfig:
+    """Linear warm-up over `warmup_steps`, then `decay` to lr * min_lr_ratio over `decay_steps`."""
+
+    warmup_steps: int = 0
+    decay: str = "constant"  # constant | linear | cosine
+    decay_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise ValueError(f"decay must be constant, linear or cosine, got {self.decay!r}")
+
+
+@dataclass
+class TrainerConfig:
+    """The model, its optimisation, its objective, and where its weights go.
+
+    Args:
+        objective: "grpo" (policy gradient on advantages), "distill" (reverse KL to
+            teacher_logprobs) or "sft" (cross-entropy on the completion tokens).
+        temperature: the generator's sampling temperature; logprobs are taken at it.
+        dtype: "float32" or "bfloat16" parameters (gradients are reduced in float32).
+        tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
+    """
+
+    model: str = "SmolLM2-135M-Instruct"
+    objective: str = "grpo"
+    temperature: float = 1.0
+    dtype: str = "float32"
+    max_grad_norm: float = 1.0
+    tensor_parallel: int = 1
+    seed: int = 0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    loss: GRPOConfig = field(default_factory=GRPOConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+class TitanTrainer(ForgeActor):
+    """Trains a torchtitan model on batches of episodes and publishes its weights."""
+
+    def __init__(self, cfg: TrainerConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or TrainerConfig()
+        self.step = 0
+
+    @endpoint
+    async def setup(self) -> None:
+        """Joins the process group, builds and shards the model, resumes the latest checkpoint."""
+        await asyncio.to_thread(self._setup)
+
+    def _setup(self) -> None:
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
+        if cuda:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group("nccl" if cuda else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(self.cfg.seed + self.rank)
+        path = resolve_model(self.cfg.model)
+        self.titan = titan_model(path)
+        self.model = self._parallelize(self.titan, cuda)
+        _load_full(self.model, self.titan.adapter.from_hf(hf_state_dict(path)))
+        o = self.cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(self.cfg.scheduler, step)
+        )
+        self.checkpointer = Checkpointer(
+            self.cfg.checkpoint, self.model, self.optimizer, self.scheduler
+        )
+        self.step = self.checkpointer.resume()
+        self.transport = make_transport(self.cfg.transport)
+        self.pad_id = 0
+
+    def _parallelize(self, titan: Any, cuda: bool) -> torch.nn.Module:
+        from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.models.llama3 import parallelize_llama
+        from torchtitan.models.qwen3 import parallelize_qwen3
+
+        use_device_type("cuda" if cuda else "cpu")
+        dist_utils.set_spmd_backend("partial_dtensor")
+        tp = self.cfg.tensor_parallel
+        parallelism = ParallelismConfig(
+            data_parallel_shard_degree=self.world // tp,
+            tensor_parallel_degree=tp,
+            spmd_backend="partial_dtensor",
+        )
+        dims = ParallelDims.from_config(parallelism, self.world)
+        dims.build_mesh()
+        parallelize = parallelize_llama if titan.family == "llama" else parallelize_qwen3
+        model = parallelize(
+            build(titan, meta=True),
+            parallel_dims=dims,
+            training=TrainingConfig(
+                mixed_precision_param=self.cfg.dtype, mixed_precision_reduce="float32"
+            ),
+            parallelism=parallelism,
+            compile_config=CompileConfig(),
+            ac_config=None,
+            dump_folder="/tmp",
+        )
+        if not cuda:
+            force_sum_reduction(model)
+        model.to_empty(device=self.device or "cpu")
+        with torch.no_grad():
+            model.init_states(buffer_device=self.device or torch.device("cpu"))
+        return model
+
+    # --- training -----------------------------------------------------------------------------
+
+    @endpoint
+    async def train_step(self, batches: list[list[Episode]]) -> dict[str, float]:
+        """One optimiser step on `batches[rank]` per rank; returns global metrics."""
+        if len(batches) != self.world:
+            raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
+        return await asyncio.to_thread(self._train_step, batches[self.rank])
+
+    def _train_step(self, episodes: list[Episode]) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = collate(episodes, self.pad_id)
+        self.model.train()
+        input_ids = self._to_device(batch.input_ids)
+        logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
+        mask = self._to_device(batch.mask)
+        behaviour = self._to_device(batch.behaviour_logprobs)
+        loss, metrics, local_norm = self._loss(logprobs, batch, mask, behaviour)
+        global_norm = _all_sum(local_norm)
+        (loss * local_norm / global_norm).backward()
+        grad_norm = self._clip_and_step()
+        tokens = _all_sum(float((batch.input_ids != self.pad_id).sum()))
+        completion_tokens = _all_sum(float(mask.sum()))
+        kl, _ = mismatch_kl(logprobs.detach(), behaviour, mask)
+        result = {
+            "loss": _all_sum(float(loss.detach()) * local_norm / global_norm),
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            "mismatch_kl": _all_sum(float(kl) * float(mask.sum())) / max(completion_tokens, 1),
+            "tokens": tokens,
+            "tokens_per_s": tokens / (time.perf_counter() - start),
+        }
+        for name, value in metrics.items():
+            if name not in result:
+                result[name] = _all_sum(float(value) * local_norm / global_norm)
+        self.step += 1
+        if self.checkpointer.due(self.step):
+            self.checkpointer.save(self.step)
+        return result
+
+    def _loss(self, logprobs, batch, mask, behaviour) -> tuple[torch.Tensor, dict, float]:
+        """The objective's loss over this rank's batch, its metrics, and its normaliser."""
+        per_sequence = self.cfg.loss.aggregation != "token_mean"
+        norm = float(mask.any(-1).sum() if per_sequence else mask.sum())
+        if self.cfg.objective == "sft":
+            loss = -(logprobs * mask).sum() / max(float(mask.sum()), 1.0)
+            return loss, {}, float(mask.sum())
+        if self.cfg.objective == "distill":
+            teacher = self._to_device(batch.teacher_logprobs)
+            loss, metrics = reverse_kl_loss(logprobs, teacher, mask, self.cfg.loss.aggregation)
+            return loss, metrics, norm
+        # Plain async GRPO clips against the generator's logprobs; with an IS correction the
+        # proximal policy is the current one and the generator's logprobs give the IS ratio.
+        old = behaviour if self.cfg.loss.is_correction == "none" else None
+        ref = self._to_device(batch.ref_logprobs) if batch.ref_logprobs is not None else None
+        loss, metrics = grpo_loss(
+            logprobs,
+            old,
+            self._to_device(batch.advantages),
+            mask,
+            self.cfg.loss,
+            behaviour_logprobs=behaviour,
+            ref_logprobs=ref,
+        )
+        return loss, metrics, norm
+
+    def _clip_and_step(self) -> torch.Tensor:
+        from torchtitan.distributed import utils as dist_utils
+
+        grad_norm = dist_utils.clip_grad_norm_(
+            list(self.model.parameters()), self.cfg.max_grad_norm
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.device is None else tensor.to(self.device)
+
+    @endpoint
+    async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Per-token logprobs of each (prompt ids, completion ids) under the current weights."""
+        return await asyncio.to_thread(self._compute_logprobs, pairs)
+
+    def _compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        input_ids, mask = pad_sequences(pairs, self.pad_id)
+        self.model.eval()
+        with torch.no_grad():
+            logprobs = token_logprobs(self.model, self._to_device(input_ids), self.cfg.temperature)
+        return gather_tokens(logprobs.cpu(), mask)
+
+    # --- weights and checkpoints --------------------------------------------------------------
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        """Publishes the current weights as `version` (HF names). Call on every rank."""
+        start = time.perf_counter()
+        state_dict = await asyncio.to_thread(self._full_state_dict)
+        gathered = time.perf_counter()
+        if self.rank != 0:
+            return {"gather_s": gathered - start}
+        manifest = await self.transport.publish(version, self.titan.adapter.to_hf(state_dict))
+        return {
+            "gather_s": gathered - start,
+            "publish_s": time.perf_counter() - gathered,
+            "bytes": manifest.total_bytes,
+        }
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # A collective: rank 0 receives full tensors. With one process they alias the live
+        # parameters, which is fine: publishing copies them before the next step can run.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    @endpoint
+    async def save_checkpoint(self) -> str:
+        """Saves model, optimizer, scheduler, step and RNG; returns the checkpoint folder."""
+        return str(await asyncio.to_thread(self.checkpointer.save, self.step))
+
+    @endpoint
+    async def get_step(self) -> int:
+        return self.step
+
+
+def lr_factor(cfg: SchedulerConfig, step: int) -> float:
+    """The learning-rate multiplier at `step` (warm-up, then decay to min_lr_ratio)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay == "constant" or cfg.decay_steps <= 0:
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
+    shape = 1 - progress if cfg.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+
+def _all_sum(value: float) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def _load_full(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Loads a full (unsharded) state dict into a sharded model; every rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, state_dict, options=options)

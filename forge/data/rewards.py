@@ -1,0 +1,193 @@
+"""Reward functions: plain functions `(row, text) -> float` that score one completion.
+
+`row` is the dataset row the prompt came from (forge.data.datasets): it carries the reference
+`answer`, the `task` and the task's `metadata`. `text` is the completion's text. A reward
+function never raises because of what the model wrote: text it cannot read scores 0. It does
+raise on a row it cannot use (no `answer`, a reference answer that is not math): that is a data
+error, which RewardActor counts and logs.
+
+Expected answer format, which `ANSWER_INSTRUCTION` asks for (forge.data.datasets puts it in
+every prompt by default):
+
+    ... any reasoning ... <answer>42</answer>
+
+`extract_answer` reads, in order of preference, the last `<answer>...</answer>` block, the last
+`\\boxed{...}`, and otherwise the last number in the text (so a model that has not learned the
+tags yet still earns reward for a right number on arithmetic tasks).
+
+Built-in functions, by registry name (`REWARD_FUNCTIONS`):
+    reasoning_gym  the task's own `score_answer(answer, entry)` on the extracted answer.
+    math_verify    math-verify's parse + verify of the answer against the reference, so that
+                   "1/2", "0.5" and "\\frac{1}{2}" are all the same answer.
+    format         1 for exactly one non-empty `<answer>` block ending the text, else 0.
+"""
+
+import functools
+import importlib
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import reasoning_gym
+from math_verify import parse, verify
+
+RewardFn = Callable[[Mapping[str, Any], str], float]
+
+ANSWER_INSTRUCTION = "Put your final answer between <answer> and </answer> tags."
+
+# Thousands separators only in groups of three, so "1,2,3" is three numbers, not 123.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+_BOXED = "\\boxed{"
+
+# math-verify's own timeouts (seconds) stop a pathological expression early without killing the
+# worker process; RewardActor's per-call deadline is the hard bound.
+MATH_VERIFY_TIMEOUT_S = 3
+
+
+def extract_tagged(text: str, tag: str = "answer") -> str | None:
+    """The stripped content of the last complete `<tag>...</tag>` block, or None."""
+    matches = _tagged_pattern(tag).findall(text)
+    return matches[-1].strip() if matches else None
+
+
+@functools.cache
+def _tagged_pattern(tag: str) -> re.Pattern[str]:
+    # The content may not hold another opening tag: "<answer><answer>1</answer>" answers "1".
+    tag = re.escape(tag)
+    return re.compile(f"<{tag}>((?:(?!<{tag}>).)*?)</{tag}>", re.DOTALL)
+
+
+def extract_boxed(text: str) -> str | None:
+    """The stripped content of the last `\\boxed{...}` whose braces balance, or None."""
+    end = len(text)
+    start = text.rfind(_BOXED)
+    while start >= 0:
+        depth = 1
+        for i in range(start + len(_BOXED), end):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len(_BOXED) : i].strip()
+        # Unbalanced (the completion was cut off): try an earlier one. It can only close before
+        # this one starts (this one's braces never close), so scanning stays linear.
+        end = start
+        start = text.rfind(_BOXED, 0, start)
+    return None
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number in the text ("-12", "3.5", "1,234" -> "1234"), or None."""
+    matches = _NUMBER.findall(text)
+    return matches[-1].replace(",", "") if matches else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The model's final answer: last `<answer>` block, else last `\\boxed{}`, else last number.
+
+    Returns None when the text holds none of them. Never raises.
+    """
+    for extract in (extract_tagged, extract_boxed, extract_last_number):
+        answer = extract(text)
+        if answer is not None:
+            return answer
+    return None
+
+
+def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
+    """Scores the extracted answer with the reasoning-gym task's own `score_answer`.
+
+    The row needs `answer` and either `metadata["source_dataset"]` (set by reasoning-gym) or
+    `task`: the name of the reasoning-gym dataset whose checker applies.
+    """
+    entry = {
+        "question": row.get("question", ""),
+        "answer": _required(row, "answer"),
+        "metadata": row.get("metadata") or {},
+    }
+    task = entry["metadata"].get("source_dataset") or _required(row, "task")
+    score_answer = _reasoning_gym_scorer(task)
+    answer = extract_answer(text)
+    if answer is None:
+        return 0.0
+    try:
+        return float(score_answer(answer, entry))
+    except Exception:
+        # Some checkers parse the answer (as a number, a grid, a list) and raise on garbage:
+        # for the model's text that is a wrong answer, not an error.
+        return 0.0
+
+
+@functools.cache
+def _reasoning_gym_scorer(task: str) -> Callable[[str, dict[str, Any]], float]:
+    # Built once per process: get_score_answer_fn instantiates the task's dataset class.
+    return reasoning_gym.get_score_answer_fn(task)
+
+
+def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
+    """1.0 if math-verify finds the answer equal to the row's `answer`, else 0.0.
+
+    The answer is the last `<answer>` block if there is one; otherwise math-verify extracts it
+    from the whole text (it looks for `\\boxed{}`, "the final answer is", the last expression).
+
+    Raises:
+        ValueError: the row's reference answer is not something math-verify can parse.
+    """
+    timeout = _math_verify_timeout()
+    reference = str(_required(row, "answer"))
+    gold = parse(reference, parsing_timeout=timeout)
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the reference answer {reference!r}")
+    tagged = extract_tagged(text)
+    predicted = parse(tagged if tagged is not None else text, parsing_timeout=timeout)
+    if not predicted:
+        return 0.0
+    return 1.0 if verify(gold, predicted, timeout_seconds=timeout) else 0.0
+
+
+def _math_verify_timeout() -> int | None:
+    # math-verify times out with signal.alarm, which works only on a process's main thread
+    # (elsewhere it raises): off the main thread the caller's deadline must bound the call.
+    on_main = threading.current_thread() is threading.main_thread()
+    return MATH_VERIFY_TIMEOUT_S if on_main else None
+
+
+def format_reward(row: Mapping[str, Any], text: str) -> float:
+    """1.0 if the text has exactly one non-empty `<answer>` block and nothing after it."""
+    blocks = _tagged_pattern("answer").findall(text)
+    if len(blocks) != 1 or not blocks[0].strip():
+        return 0.0
+    return 1.0 if text.rstrip().endswith("</answer>") else 0.0
+
+
+def _required(row: Mapping[str, Any], key: str) -> Any:
+    if row.get(key) is None:
+        raise KeyError(f"reward needs row[{key!r}], the row has keys {sorted(row)}")
+    return row[key]
+
+
+REWARD_FUNCTIONS: dict[str, RewardFn] = {
+    "reasoning_gym": reasoning_gym_reward,
+    "math_verify": math_verify_reward,
+    "format": format_reward,
+}
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """The reward function named `spec`: a `REWARD_FUNCTIONS` name or a "module:function" path.
+
+    Raises:
+        ValueError: neither a known name nor an importable "module:function".
+    """
+    if spec in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[spec]
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        known = ", ".join(sorted(REWARD_FUNCTIONS))
+        raise ValueError(f"unknown reward function {spec!r}: use one of {known} or module:function")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import reward function {spec!r}: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"reward function {spec!r} is a {type(fn).__name__}, not a function")
+    return fn

@@ -1,0 +1,151 @@
+"""TitanTrainer and ReferenceModel on real processes with tiny torchtitan models, and weights
+flowing from the trainer to a real vLLM generator."""
+
+import os
+import random
+import signal
+
+import pytest
+import torch
+from monarch.actor import ActorError
+
+from forge.actors.checkpointing import CheckpointConfig
+from forge.actors.generator import Generator, GeneratorConfig
+from forge.actors.reference import ReferenceConfig, ReferenceModel
+from forge.actors.trainer import OptimizerConfig, TitanTrainer, TrainerConfig
+from forge.controller import shutdown
+from forge.data import Completion, Episode
+from forge.losses import mismatch_kl
+from forge.models import tiny_model
+from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.transport import TransportConfig
+
+pytestmark = pytest.mark.integration
+
+
+def episodes(n: int = 8, seed: int = 0) -> list[Episode]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(49152) for _ in range(rng.randint(3, 8))]
+        tokens = [rng.randrange(49152) for _ in range(rng.randint(2, 12))]
+        completion = Completion(prompt, tokens, "", [-10.8] * len(tokens), [0] * len(tokens), "")
+        out.append(Episode(f"e{i}", f"g{i // 4}", completion, advantage=rng.uniform(-1, 1)))
+    return out
+
+
+async def on_policy(trainer, batch: list[Episode]) -> list[Episode]:
+    """The episodes with the trainer's own logprobs as the behaviour policy's (fresh data)."""
+    pairs = [(e.completion.prompt_ids, e.completion.token_ids) for e in batch]
+    scores = await trainer.compute_logprobs.call_one(pairs)
+    for episode, logprobs in zip(batch, scores, strict=True):
+        episode.completion.logprobs = logprobs
+    return batch
+
+
+def trainer_config(tmp_path, name: str = "w", **changes) -> TrainerConfig:
+    changes.setdefault("optimizer", OptimizerConfig(lr=1e-3))
+    return TrainerConfig(
+        model=str(tiny_model("llama", seed=0, init_std=0.5)),
+        transport=TransportConfig(path=str(tmp_path / name)),
+        **changes,
+    )
+
+
+@pytest.fixture
+async def cleanup():
+    yield
+    await shutdown()
+
+
+@pytest.mark.parametrize("objective", ["grpo", "sft"])
+async def test_train_step_lowers_the_loss_on_a_fixed_batch(tmp_path, cleanup, objective):
+    trainer = await TitanTrainer.as_actor(trainer_config(tmp_path, objective=objective))
+    batch = [await on_policy(trainer, episodes())]
+    losses = [(await trainer.train_step.call_one(batch))["loss"] for _ in range(3)]
+    assert losses[2] < losses[1] < losses[0], losses
+
+
+async def test_fsdp_over_two_processes_equals_one_process(tmp_path, cleanup):
+    # The default learning rate: AdamW's first step is g / (|g| + eps) * lr, so for gradients
+    # near eps (1e-8) float summation order alone moves a weight by a few percent of lr.
+    cfgs = [trainer_config(tmp_path, name, optimizer=OptimizerConfig()) for name in ("one", "two")]
+    one = await TitanTrainer.options(procs=1).as_actor(cfgs[0])
+    two = await TitanTrainer.options(procs=2).as_actor(cfgs[1])
+    batch = await on_policy(one, episodes(8))
+    await one.push_weights.call_one(0)
+    m1 = await one.train_step.call_one([batch])
+    m2 = (await two.train_step.call([batch[:4], batch[4:]])).item(procs=0)
+    assert abs(m1["loss"] - m2["loss"]) < 1e-5 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5
+    await one.push_weights.call_one(1)
+    await two.push_weights.call(1)
+    w1 = await SharedMemoryTransport(tmp_path / "one").fetch(1)
+    w2 = await SharedMemoryTransport(tmp_path / "two").fetch(1)
+    w0 = await SharedMemoryTransport(tmp_path / "one").fetch(0)
+    moved = max((w1[k] - w0[k]).abs().max().item() for k in w1)
+    worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
+    print(
+        f"FSDP 2 procs vs 1 proc after one step: max abs weight diff {worst:.2e} "
+        f"(the step moved weights by up to {moved:.2e})"
+    )
+    assert moved > 5e-6 and worst < 1e-5
+
+
+async def test_checkpoint_kill_resume_gives_the_same_next_step(tmp_path, cleanup):
+    cfg = trainer_config(tmp_path, checkpoint=CheckpointConfig(folder=str(tmp_path / "ckpt")))
+    b1, b2, b3 = episodes(seed=1), episodes(seed=2), episodes(seed=3)
+    first = await TitanTrainer.as_actor(cfg)
+    await first.train_step.call_one([b1])
+    await first.train_step.call_one([b2])
+    await first.save_checkpoint.call_one()
+    uninterrupted = (await first.train_step.call_one([b3]))["loss"]
+    os.kill(await first.ping.call_one(), signal.SIGKILL)
+
+    resumed = await TitanTrainer.as_actor(cfg)
+    assert await resumed.get_step.call_one() == 2
+    assert (await resumed.train_step.call_one([b3]))["loss"] == pytest.approx(uninterrupted, abs=0)
+
+
+async def test_reference_model_scores_like_the_trainer_before_training(tmp_path, cleanup):
+    cfg = trainer_config(tmp_path)
+    trainer = await TitanTrainer.as_actor(cfg)
+    reference = await ReferenceModel.as_actor(ReferenceConfig(model=cfg.model))
+    pairs = [(e.completion.prompt_ids, e.completion.token_ids) for e in episodes(4)]
+    ours = await reference.logprobs.call_one(pairs)
+    theirs = await trainer.compute_logprobs.call_one(pairs)
+    assert [len(r) for r in ours] == [len(p[1]) for p in pairs]
+    flat = [torch.tensor(r) for r in ours], [torch.tensor(r) for r in theirs]
+    assert (torch.cat(flat[0]) - torch.cat(flat[1])).abs().max() < 1e-5
+
+
+async def test_pushed_weights_make_the_generator_agree_with_the_trainer(tmp_path, cleanup):
+    cfg = trainer_config(tmp_path)
+    trainer = await TitanTrainer.as_actor(cfg)
+    generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport)
+    )
+    await trainer.train_step.call_one([episodes()])  # weights now differ from the checkpoint
+    pushed = await trainer.push_weights.call_one(1)
+    assert pushed["bytes"] > 0
+    await generator.update_weights.call_one(1)
+
+    sampling = {"max_tokens": 16}
+    completions = await generator.generate.call_one("Count: 1 2 3", n=4, sampling=sampling)
+    pairs = [(c.prompt_ids, c.token_ids) for c in completions]
+    trainer_lp = await trainer.compute_logprobs.call_one(pairs)
+    gen = torch.tensor([lp for c in completions for lp in c.logprobs])
+    ours = torch.tensor([lp for row in trainer_lp for lp in row])
+    kl, mean_abs = mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))
+    print(f"trainer vs generator after a push: mismatch KL {kl:.2e}, mean |dlp| {mean_abs:.2e}")
+    assert kl < 1e-3
+
+    await trainer.push_weights.call_one(2)
+    blob = SharedMemoryTransport(tmp_path / "w")._dir(2) / "tensors.bin"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    blob.write_bytes(bytes(data))
+    with pytest.raises(ActorError, match="checksum mismatch.*stays on version 1"):
+        await generator.update_weights.call_one(2)
+    assert await generator.get_version.call_one() == 1
+    (again,) = await generator.generate.call_one(pairs[0][0], sampling={"max_tokens": 4})
+    assert again.token_versions == [1] * 4

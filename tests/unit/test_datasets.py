@@ -1,0 +1,204 @@
+"""Prompt datasets: reasoning-gym and local files, order by seed, epochs, resume, bad rows."""
+
+import itertools
+import json
+import logging
+
+import datasets
+import pytest
+
+from forge.data.datasets import (
+    DatasetError,
+    LocalDataset,
+    LocalDatasetConfig,
+    PromptTemplate,
+    ReasoningGymConfig,
+    ReasoningGymDataset,
+    easy_arithmetic,
+)
+from forge.data.rewards import ANSWER_INSTRUCTION, reasoning_gym_reward
+
+
+def take(dataset, n: int) -> list[dict]:
+    return list(itertools.islice(dataset, n))
+
+
+def test_reasoning_gym_order_is_fixed_by_the_seed():
+    first = take(ReasoningGymDataset(easy_arithmetic(size=50, seed=1)), 10)
+    again = take(ReasoningGymDataset(easy_arithmetic(size=50, seed=1)), 10)
+    other = take(ReasoningGymDataset(easy_arithmetic(size=50, seed=2)), 10)
+    assert first == again
+    assert [r["question"] for r in first] != [r["question"] for r in other]
+
+
+def test_easy_arithmetic_rows_ask_for_the_answer_format_and_score():
+    row = next(ReasoningGymDataset(easy_arithmetic(size=20)))
+    a, b = row["metadata"]["expression"].split(" + ")
+    assert row["answer"] == str(int(a) + int(b)) and int(a) <= 10 and int(b) <= 10
+    assert row["prompt"] == [
+        {"role": "user", "content": f"{row['question']}\n\n{ANSWER_INSTRUCTION}"}
+    ]
+    assert row["task"] == "basic_arithmetic"
+    assert reasoning_gym_reward(row, f"<answer>{row['answer']}</answer>") == 1.0
+
+
+def test_template_with_a_system_prompt_and_braces():
+    template = PromptTemplate(system="Be brief.", user="Q: {question} Use \\boxed{}.")
+    config = ReasoningGymConfig(task="chain_sum", size=5, template=template)
+    row = next(ReasoningGymDataset(config))
+    assert row["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": f"Q: {row['question']} Use \\boxed{{}}."},
+    ]
+
+
+def test_epochs_visit_every_row_once_in_a_new_order():
+    dataset = ReasoningGymDataset(easy_arithmetic(size=8, seed=3))
+    epochs = [[row["index"] for row in take(dataset, 8)] for _ in range(3)]
+    assert dataset.epoch == 3
+    assert all(sorted(order) == list(range(8)) for order in epochs)
+    assert len({tuple(order) for order in epochs}) == 3
+
+
+def test_no_shuffle_keeps_source_order():
+    config = ReasoningGymConfig(size=4, shuffle=False)
+    assert [r["index"] for r in take(ReasoningGymDataset(config), 6)] == [0, 1, 2, 3, 0, 1]
+
+
+def test_state_dict_resumes_where_it_stopped():
+    dataset = ReasoningGymDataset(easy_arithmetic(size=6, seed=4))
+    take(dataset, 9)  # into the second epoch
+    state = dataset.state_dict()
+    expected = take(dataset, 10)
+    resumed = ReasoningGymDataset(easy_arithmetic(size=6, seed=4))
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    assert take(resumed, 10) == expected
+    with pytest.raises(DatasetError, match="cannot resume"):
+        ReasoningGymDataset(easy_arithmetic(size=6, seed=5)).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (ReasoningGymConfig(task="no_such_task"), "'no_such_task'.*not registered"),
+        (ReasoningGymConfig(config={"max_digitz": 1}), "max_digitz"),
+        (ReasoningGymConfig(config={"min_terms": 0}), "min_terms must be positive"),
+    ],
+)
+def test_bad_reasoning_gym_config_is_a_dataset_error(config, match):
+    with pytest.raises(DatasetError, match=match):
+        ReasoningGymDataset(config)
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def local(tmp_path, path: str, **kwargs) -> LocalDataset:
+    return LocalDataset(LocalDatasetConfig(path=path, cache_dir=str(tmp_path / "cache"), **kwargs))
+
+
+RECORDS = [{"q": f"What is {i} + 1?", "a": i + 1, "id": f"p{i}"} for i in range(5)]
+
+
+def test_local_jsonl_with_custom_columns(tmp_path):
+    path = write_jsonl(tmp_path / "sums.jsonl", RECORDS)
+    dataset = local(tmp_path, path, prompt_column="q", answer_column="a", shuffle=False)
+    assert len(dataset) == 5
+    row = next(dataset)
+    assert row == {
+        "prompt": [{"role": "user", "content": f"What is 0 + 1?\n\n{ANSWER_INSTRUCTION}"}],
+        "question": "What is 0 + 1?",
+        "answer": "1",
+        "task": "sums",
+        "index": 0,
+        "metadata": {"id": "p0"},
+    }
+
+
+def test_local_chat_prompts_are_used_as_they_are(tmp_path):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": chat, "answer": "2"}])
+    row = next(local(tmp_path, path, task="chat_sums"))
+    assert row["prompt"] == chat and row["question"] == "1+1?" and row["task"] == "chat_sums"
+
+
+def test_local_saved_dataset_dict_and_parquet(tmp_path):
+    records = [{"prompt": r["q"], "answer": str(r["a"])} for r in RECORDS]
+    data = datasets.Dataset.from_list(records)
+    datasets.DatasetDict({"test": data}).save_to_disk(str(tmp_path / "saved"))
+    saved = local(tmp_path, str(tmp_path / "saved"), split="test", seed=7)
+    assert sorted(r["answer"] for r in take(saved, 5)) == ["1", "2", "3", "4", "5"]
+    with pytest.raises(DatasetError, match="no split 'train' \\(splits: test\\)"):
+        local(tmp_path, str(tmp_path / "saved"))
+    data.to_parquet(str(tmp_path / "sums.parquet"))
+    assert len(local(tmp_path, str(tmp_path / "sums.parquet"))) == 5
+
+
+def test_local_order_is_fixed_by_the_seed_and_resumes(tmp_path):
+    path = write_jsonl(tmp_path / "sums.jsonl", RECORDS)
+    kwargs = {"prompt_column": "q", "answer_column": "a", "seed": 3}
+    dataset = local(tmp_path, path, **kwargs)
+    assert take(dataset, 7) == take(local(tmp_path, path, **kwargs), 7)
+    state = dataset.state_dict()
+    resumed = local(tmp_path, path, **kwargs)
+    resumed.load_state_dict(state)
+    assert take(resumed, 4) == take(dataset, 4)
+
+
+def test_missing_column_names_the_column(tmp_path):
+    path = write_jsonl(tmp_path / "sums.jsonl", RECORDS)
+    with pytest.raises(
+        DatasetError, match="no column 'prompt' \\(columns: q, a, id\\); set prompt"
+    ):
+        local(tmp_path, path, answer_column="a")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"q": None, "a": 3}, "row 2: column 'q' is null"),
+        ({"q": "  ", "a": 3}, "row 2: column 'q' is an empty string"),
+        ({"q": "x", "a": ""}, "row 2: column 'a' is an empty string"),
+        ({"q": "x", "a": [3]}, "row 2: column 'a' is a list \\('\\[3\\]'\\), expected a string"),
+        ({"q": [{"role": "user"}], "a": 3}, "row 2: column 'q' is a list but not chat messages"),
+        ({"q": "x"}, "row 2: column 'a' is null"),  # a key absent from one row reads as null
+    ],
+)
+def test_malformed_row_names_row_and_column(tmp_path, bad, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", RECORDS[:2] + [bad] + RECORDS[2:])
+    with pytest.raises(DatasetError, match=message) as raised:
+        local(tmp_path, path, prompt_column="q", answer_column="a")
+    assert "\n" not in str(raised.value)
+
+
+def test_invalid_json_names_the_line(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"q": "x", "a": 1}\n\n{"q": "y", "a": \n')
+    with pytest.raises(DatasetError, match="line 3 \\(row 1\\): not valid JSON"):
+        local(tmp_path, str(path), prompt_column="q", answer_column="a")
+
+
+def test_skip_policy_counts_and_leaves_out_bad_rows(tmp_path, caplog):
+    bad = [{"q": None, "a": 1, "id": "b1"}, {"q": "x", "a": {"n": 1}, "id": "b2"}]
+    path = write_jsonl(tmp_path / "bad.jsonl", RECORDS[:1] + bad + RECORDS[1:])
+    with caplog.at_level(logging.WARNING, logger="forge.data.datasets"):
+        dataset = local(tmp_path, path, prompt_column="q", answer_column="a", on_bad_row="skip")
+    assert sorted(dataset.skipped) == [1, 2] and "column 'a' is a dict" in dataset.skipped[2]
+    assert "skipping 2 malformed rows" in caplog.text
+    assert len(dataset) == 5
+    assert sorted(r["index"] for r in take(dataset, 5)) == [0, 3, 4, 5, 6]
+    with pytest.raises(DatasetError, match="and 1 more malformed rows"):
+        local(tmp_path, path, prompt_column="q", answer_column="a")
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(DatasetError, match="no such file or folder"):
+        local(tmp_path, str(tmp_path / "nope.jsonl"))
+    (tmp_path / "data.txt").write_text("hi")
+    with pytest.raises(DatasetError, match="unknown file type"):
+        local(tmp_path, str(tmp_path / "data.txt"))
+    with pytest.raises(ValueError, match="on_bad_row must be"):
+        LocalDatasetConfig(path="x", on_bad_row="ignore")
