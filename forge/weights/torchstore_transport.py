@@ -66,5 +66,6 @@ class TorchStoreTransport:
 
     async def versions(self) -> list[int]:
         """Versions with a manifest, oldest first."""
-        keys = await ts.keys(f"{self.prefix}/")
+        # torchstore 0.1.2's keys(prefix) matches nothing: filter the full list here.
+        keys = [k for k in await ts.keys() if k.startswith(f"{self.prefix}/")]
         return sorted(int(k.split("/")[-2][1:]) for k in keys if k.endswith("/manifest"))

@@ -18,6 +18,9 @@ import torch
 from monarch.actor import Actor, ProcMesh, endpoint, this_host
 
 from forge.weights import torchstore_compat as tsc
+from forge.weights.manifest import WeightVersionError
+from forge.weights.torchstore_transport import TorchStoreTransport
+from forge.weights.transport import delete_older_than
 
 pytestmark = pytest.mark.integration
 
@@ -83,6 +86,12 @@ class StoreUser(Actor):
     async def put_state_dict(self, key: str, seed: int) -> None:
         """Put ``make_state_dict(seed)`` under ``key``."""
         await tsc.put_state_dict(make_state_dict(seed), key)
+
+    @endpoint
+    async def publish(self, prefix: str, version: int) -> int:
+        """Publish a flat HF-style state dict as a weight version; returns its byte count."""
+        state_dict = {f"w{i}": t for i, t in enumerate(_leaves(make_state_dict(version)))}
+        return (await TorchStoreTransport(prefix).publish(version, state_dict)).total_bytes
 
     @endpoint
     async def get_tensor(self, key: str) -> torch.Tensor:
@@ -155,6 +164,32 @@ async def test_missing_key_raises_clearly(store: None) -> None:
     # The controller survives the failed lookups.
     await deadline(tsc.put("after-miss", torch.arange(3)))
     assert_same(await deadline(tsc.get("after-miss")), torch.arange(3))
+
+
+def _leaves(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    return [tree]
+
+
+async def test_weight_versions_over_torchstore(users: StoreUser) -> None:
+    transport = TorchStoreTransport("weights-test", fetch_timeout_s=1.0)
+    publisher = users.slice(procs=0)
+    for version in (1, 2):
+        assert await deadline(publisher.publish.call_one("weights-test", version)) > 0
+    expected = {f"w{i}": t for i, t in enumerate(_leaves(make_state_dict(2)))}
+    assert_same(await deadline(transport.fetch(2)), expected)
+    assert await deadline(transport.versions()) == [1, 2]
+
+    # One tensor overwritten after the manifest was written: the fetch refuses the version.
+    await deadline(tsc.put(transport._key(2, "tensors/w0"), torch.zeros(5, 3)))
+    with pytest.raises(WeightVersionError, match="checksum mismatch in w0"):
+        await deadline(transport.fetch(2))
+    with pytest.raises(WeightVersionError, match="version 9: no manifest"):
+        await deadline(transport.fetch(9))
+
+    assert await deadline(delete_older_than(transport, 2)) == [1]
+    assert await deadline(transport.versions()) == [2]
 
 
 def test_shim_is_installed_once() -> None:

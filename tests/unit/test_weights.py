@@ -5,6 +5,7 @@ import torch
 
 from forge.weights.manifest import WeightVersionError, build_manifest, verify
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.transport import delete_older_than
 
 
 def state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -75,3 +76,10 @@ def test_verify_names_shape_and_dtype_mismatches():
         verify(manifest, {k: v for k, v in sd.items() if k != "model.norm.weight"})
     with pytest.raises(WeightVersionError, match="model.norm.weight is float64"):
         verify(manifest, {**sd, "model.norm.weight": sd["model.norm.weight"].double()})
+
+
+async def test_versions_older_than_every_generator_are_deleted(transport):
+    for version in (1, 2, 3):
+        await transport.publish(version, state_dict(version))
+    assert await delete_older_than(transport, 3) == [1, 2]
+    assert await transport.versions() == [3]
