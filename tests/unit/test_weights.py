@@ -83,3 +83,14 @@ async def test_versions_older_than_every_generator_are_deleted(transport):
         await transport.publish(version, state_dict(version))
     assert await delete_older_than(transport, 3) == [1, 2]
     assert await transport.versions() == [3]
+
+
+async def test_a_deleted_versions_file_is_rewritten_by_the_next_publish(transport):
+    await transport.publish(1, state_dict(1))
+    inode = (transport._dir(1) / "tensors.bin").stat().st_ino
+    await transport.delete(1)
+    await transport.publish(2, state_dict(2))
+    assert (transport._dir(2) / "tensors.bin").stat().st_ino == inode
+    got = await transport.fetch(2)
+    assert all(torch.equal(got[k], v) for k, v in state_dict(2).items())
+    assert await transport.versions() == [2]

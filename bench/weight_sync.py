@@ -1,0 +1,101 @@
+"""Weight sync from a TitanTrainer to a vLLM Generator, against this machine's copy bandwidth.
+
+For SmolLM2-135M (fp32) and each transport, in one run: the bytes of one version, the raw
+memory-copy bandwidth (a preallocated `dst.copy_(src)`), and per version the trainer's publish
+(gather + HF renaming + write), the generator's fetch (wait + verify) and its swap (engine
+stopped: load + re-pack + resume). Totals are printed as a multiple of bytes / copy bandwidth.
+Versions are retired as a run retires them, so the steady state is what is reported (median of
+versions 2..N; version 1 pays first-touch page faults).
+
+    python bench/weight_sync.py [--versions 5] [--transports shm torchstore]
+"""
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+import torch
+
+from forge.actors.generator import Generator, GeneratorConfig
+from forge.actors.trainer import TitanTrainer, TrainerConfig
+from forge.controller import shutdown
+from forge.models import smollm2
+from forge.models.titan import hf_state_dict
+from forge.weights import torchstore_compat
+from forge.weights.transport import TransportConfig, delete_older_than, make_transport
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """Bytes/s of copying `nbytes` between two preallocated, already-touched buffers."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times)
+
+
+async def measure(transport: TransportConfig, versions: int) -> dict[str, float]:
+    """Median per-phase seconds over versions 2..N for one transport."""
+    model = str(smollm2())
+    trainer = await TitanTrainer.as_actor(TrainerConfig(model=model, transport=transport))
+    generator = await Generator.as_actor(
+        GeneratorConfig(model=model, max_model_len=512, kv_cache_mb=64, transport=transport)
+    )
+    store = make_transport(transport)
+    phases: dict[str, list[float]] = {"publish": [], "fetch": [], "swap": [], "pause": []}
+    for version in range(1, versions + 1):
+        pushed = await trainer.push_weights.call_one(version)
+        updated = await generator.update_weights.call_one(version)
+        await delete_older_than(store, version)
+        if version > 1:
+            phases["publish"].append(pushed["gather_s"] + pushed["publish_s"])
+            phases["fetch"].append(updated["fetch_s"])
+            phases["pause"].append(updated["pause_s"])
+            phases["swap"].append(updated["swap_s"])
+        print(
+            f"  {transport.kind} v{version}: publish {pushed['publish_s']:.3f}s "
+            f"(+ gather {pushed['gather_s']:.3f}s), fetch {updated['fetch_s']:.3f}s, "
+            f"swap {updated['swap_s']:.3f}s",
+            flush=True,
+        )
+    await shutdown()
+    return {name: statistics.median(values) for name, values in phases.items()}
+
+
+async def main(args: argparse.Namespace) -> None:
+    nbytes = sum(t.numel() * t.element_size() for t in hf_state_dict(smollm2()).values())
+    bandwidth = copy_bandwidth(nbytes)
+    bound = nbytes / bandwidth
+    print(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
+    print(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
+    results = {}
+    for kind in args.transports:
+        if kind == "shm":
+            cfg = TransportConfig(kind="shm", path=tempfile.mkdtemp(dir="/dev/shm"))
+        else:
+            await torchstore_compat.initialize()
+            cfg = TransportConfig(kind="torchstore", path="bench-weights")
+        results[kind] = await measure(cfg, args.versions)
+        if kind == "torchstore":
+            await torchstore_compat.shutdown()
+    for kind, r in results.items():
+        total = r["publish"] + r["fetch"] + r["swap"]
+        moved = r["publish"] + r["fetch"]
+        print(
+            f"{kind:10s} publish {r['publish']:.3f}s  fetch {r['fetch']:.3f}s  "
+            f"swap {r['swap']:.3f}s  total {total:.3f}s = {total / bound:.1f}x bound "
+            f"(publish + fetch {moved:.3f}s = {moved / bound:.1f}x; swap alone "
+            f"{r['swap'] / bound:.1f}x)"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", type=int, default=5)
+    parser.add_argument("--transports", nargs="+", default=["shm", "torchstore"])
+    asyncio.run(main(parser.parse_args()))
