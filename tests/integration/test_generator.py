@@ -20,7 +20,7 @@ from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
 
-PROMPTS = ["The answer is", "Once upon a time", "2 + 3 ="]
+PROMPTS = ["The answer is", "Once upon a time", [{"role": "user", "content": "2 + 3 ="}]]
 INIT_STD = 0.5
 
 

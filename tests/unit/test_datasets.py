@@ -202,3 +202,11 @@ def test_bad_paths(tmp_path):
         local(tmp_path, str(tmp_path / "data.txt"))
     with pytest.raises(ValueError, match="on_bad_row must be"):
         LocalDatasetConfig(path="x", on_bad_row="ignore")
+
+
+def test_nth_is_the_iteration_order_across_epochs():
+    from forge.data.datasets import ReasoningGymDataset, easy_arithmetic
+
+    dataset = ReasoningGymDataset(easy_arithmetic(size=5, seed=3))
+    first_three_epochs = [next(dataset)["index"] for _ in range(15)]
+    assert [dataset.nth(n)["index"] for n in range(15)] == first_three_epochs
