@@ -119,3 +119,30 @@ def _generator_processes(driver: int) -> list[int]:
             found.append(p.ppid())
     assert len(found) == 2, found
     return found
+
+
+def test_ctrl_c_writes_a_final_checkpoint_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    proc = forge_run(
+        "configs/grpo/tiny_cpu.yaml",
+        run_dir,
+        VOWELS,
+        "steps=1000",
+        f"trainer.checkpoint.folder={tmp_path / 'ckpt'}",
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.5)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "ckpt" / "latest").exists()
+    assert (run_dir / "metrics.png").exists()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
