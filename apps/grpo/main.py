@@ -145,6 +145,7 @@ class GRPO:
                 e.ref_logprobs = lp
         for s in scores:
             record_metric("rollout/reward", s.reward)
+            record_metric("rollout/reward_std", s.reward, Reduce.STD)
             for name, value in s.rewards.items():
                 record_metric(f"rollout/reward/{name}", value)
             record_metric("rollout/reward_failures", len(s.failed), Reduce.SUM)

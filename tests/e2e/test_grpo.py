@@ -109,6 +109,11 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
         group = episode.split("-")[0]
         groups[group] = groups.get(group, 0) + 1
     assert set(groups.values()) == {4}  # no group lost a sample
+    for record in trained(run_dir):  # bounded staleness, by construction
+        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+        assert 0 <= min(ages) and max(ages) <= 1, record
+    mismatch = [m["train/mismatch_kl"] for m in steps if "train/mismatch_kl" in m]
+    assert mismatch and max(mismatch) < 1e-3
 
 
 def _generator_processes(driver: int) -> list[int]:
