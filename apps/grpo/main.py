@@ -97,6 +97,7 @@ class GRPO:
         if cfg.trainer.transport.kind == "torchstore":
             await torchstore_compat.initialize()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a new run, a new curve
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("w")
         g, t = cfg.generator_resources, cfg.trainer_resources
         self.generator, self.trainer, self.reward, self.buffer, self.dataset = await asyncio.gather(
