@@ -111,6 +111,11 @@ class GRPO:
         )
         # A respawned generator replica catches up to the newest weights before taking traffic.
         self.generator.on_recover = lambda actor: actor.load_latest.call()
+        # A trainer that resumed a checkpoint is ahead of the generators' base weights.
+        self.version = await self.trainer.get_step.call_one()
+        if self.version:
+            await self.trainer.push_weights.call(self.version)
+            await self.generator.update_weights.fanout(self.version)
         self.reference = None
         if cfg.reference is not None:
             self.reference = await ReferenceModel.as_actor(cfg.reference)
@@ -243,7 +248,8 @@ class GRPO:
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
         try:
-            for step in range(1, self.cfg.steps + 1):
+            first = self.version + 1  # after a resume, steps continue from the checkpoint
+            for step in range(first, first + self.cfg.steps):
                 if self.cfg.mode == "sync":
                     await self.sync_rollouts()
                 await self.train_step(step)

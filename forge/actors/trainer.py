@@ -204,6 +204,9 @@ class TitanTrainer(ForgeActor):
             "tokens_per_s": tokens / (time.perf_counter() - start),
             **self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version),
         }
+        # The loss's own mismatch_kl compares against old_logprobs, which are the generator's
+        # here: the trainer's figure is the one above.
+        metrics.pop("mismatch_kl", None)
         for name, value in metrics.items():
             if name not in result:
                 result[name] = _all_sum(float(value) * local_norm / global_norm)
