@@ -11,9 +11,11 @@ compute exactly what one process computes on the whole batch.
 """
 
 import asyncio
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +68,9 @@ class TrainerConfig:
         temperature: the generator's sampling temperature; logprobs are taken at it.
         dtype: "float32" or "bfloat16" parameters (gradients are reduced in float32).
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
+        exact_mismatch: keep a copy of the weights before each step, so one-version-old
+            episodes are scored under the weights that generated them (one extra forward
+            pass and one parameter copy per step).
     """
 
     model: str = "SmolLM2-135M-Instruct"
@@ -75,6 +80,7 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     tensor_parallel: int = 1
     seed: int = 0
+    exact_mismatch: bool = True  # keep the previous weights to measure the mismatch KL exactly
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     loss: GRPOConfig = field(default_factory=GRPOConfig)
@@ -95,6 +101,7 @@ class TitanTrainer(ForgeActor):
         super().__init__()
         self.cfg = cfg or TrainerConfig()
         self.step = 0
+        self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
 
     @endpoint
     async def setup(self) -> None:
@@ -194,6 +201,11 @@ class TitanTrainer(ForgeActor):
         loss, metrics, local_norm = self._loss(logprobs, batch, mask, behaviour)
         global_norm = _all_sum(local_norm)
         (loss * local_norm / global_norm).backward()
+        # After backward (its graph is gone) and before the step (weights are still current).
+        mismatch = self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version)
+        if policy_version is not None and self.cfg.exact_mismatch:
+            weights = [p.detach().clone() for p in self._sharded_parameters()]
+            self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
         tokens = _all_sum(float((batch.input_ids != self.pad_id).sum()))
         result = {
@@ -202,7 +214,7 @@ class TitanTrainer(ForgeActor):
             "lr": self.scheduler.get_last_lr()[0],
             "tokens": tokens,
             "tokens_per_s": tokens / (time.perf_counter() - start),
-            **self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version),
+            **mismatch,
         }
         # The loss's own mismatch_kl compares against old_logprobs, which are the generator's
         # here: the trainer's figure is the one above.
@@ -216,19 +228,61 @@ class TitanTrainer(ForgeActor):
         return result
 
     def _mismatch(self, logprobs, behaviour, mask, batch, version) -> dict[str, float]:
-        """KL(generator || trainer) on the same tokens, split into current-version episodes
-        ("mismatch_kl") and older ones ("policy_drift_kl"); a part with no tokens is left out."""
-        current = torch.tensor([version is None or v == version for v in batch.policy_versions])
-        current = self._to_device(current)[:, None] & mask
-        out = {
-            "current_token_fraction": _all_sum(float(current.sum())) / _all_sum(float(mask.sum()))
-        }
-        for name, part in (("mismatch_kl", current), ("policy_drift_kl", mask & ~current)):
-            count = _all_sum(float(part.sum()))
-            if count:
-                kl, _ = mismatch_kl(logprobs, behaviour, part)
-                out[name] = _all_sum(float(kl) * float(part.sum())) / count
+        """KL(generator || trainer) on the same tokens under the same weights ("mismatch_kl").
+
+        Episodes of the current version use this step's logprobs. Episodes one version old use
+        logprobs under the weights before the last step (`exact_mismatch` keeps a copy), so
+        async training still measures the engines' disagreement alone; "policy_drift_kl" is the
+        KL of older episodes to the current weights. A part with no tokens is left out.
+        """
+        versions = torch.tensor([-1 if v is None else v for v in batch.policy_versions])
+        current = self._to_device(versions == version if version is not None else versions > -2)
+        current = current[:, None] & mask
+        previous = torch.zeros_like(current)
+        if self._previous is not None:
+            previous = self._to_device(versions == self._previous[0])[:, None] & mask & ~current
+        total = _all_sum(float(mask.sum()))
+        out = {"current_token_fraction": _all_sum(float(current.sum())) / max(total, 1.0)}
+        kl_sum, count = _kl_sum(logprobs, behaviour, current), _all_sum(float(current.sum()))
+        if _all_sum(float(previous.sum())):
+            with torch.no_grad(), self._weights(self._previous[1]):
+                before = token_logprobs(
+                    self.model, self._to_device(batch.input_ids), self.cfg.temperature
+                )
+            kl_sum += _kl_sum(before, behaviour, previous)
+            count += _all_sum(float(previous.sum()))
+        if count:
+            out["mismatch_kl"] = kl_sum / count
+        drift = mask & ~current
+        if _all_sum(float(drift.sum())):
+            out["policy_drift_kl"] = _kl_sum(logprobs, behaviour, drift) / _all_sum(
+                float(drift.sum())
+            )
         return out
+
+    @contextlib.contextmanager
+    def _weights(self, snapshot: list[torch.Tensor]) -> Iterator[None]:
+        """Runs the block on `snapshot`'s parameter values, then puts the current ones back."""
+        params = self._sharded_parameters()
+        current = [p.detach().clone() for p in params]
+        for p, old in zip(params, snapshot, strict=True):
+            p.detach().copy_(old)
+        try:
+            yield
+        finally:
+            params = self._sharded_parameters()
+            for p, now in zip(params, current, strict=True):
+                p.detach().copy_(now)
+
+    def _sharded_parameters(self) -> list[torch.Tensor]:
+        """The parameters in their sharded form: FSDP may leave a module unsharded after a
+        forward pass, and a copy must see the same tensors every time."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        return list(self.model.parameters())
 
     def _loss(self, logprobs, batch, mask, behaviour) -> tuple[torch.Tensor, dict, float]:
         """The objective's loss over this rank's batch, its metrics, and its normaliser."""
@@ -326,6 +380,12 @@ def lr_factor(cfg: SchedulerConfig, step: int) -> float:
     progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
     shape = 1 - progress if cfg.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+
+def _kl_sum(logprobs: torch.Tensor, behaviour: torch.Tensor, part: torch.Tensor) -> float:
+    """The global sum over `part`'s tokens of the per-token KL(generator || trainer)."""
+    kl, _ = mismatch_kl(logprobs, behaviour, part)
+    return _all_sum(float(kl) * float(part.sum()))
 
 
 def _all_sum(value: float) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +51,29 @@ def metrics(run_dir: Path) -> list[dict]:
 def trained(run_dir: Path) -> list[dict]:
     lines = (run_dir / "trained_episodes.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def test_async_grpo_learns_on_smollm2(tmp_path):
+    """SmolLM2-135M learns, in async mode, to answer in at most 8 words.
+
+    Baseline (measured, see the closing note of issue 5): the base model's sampled answers are
+    that short about B of the time; the threshold asks the last 3 steps' mean reward to beat the
+    first 3 steps' by 0.2, several times the step-to-step noise of a 16-sample mean.
+    """
+    run_dir = tmp_path / "learn"
+    config = yaml.safe_load((ROOT / "configs/grpo/smollm2_cpu.yaml").read_text())
+    config["reward"] = {"functions": ["helper_rewards:brevity"]}
+    (tmp_path / "learn.yaml").write_text(yaml.safe_dump(config))
+    overrides = ("steps=12", "trainer.optimizer.lr=2e-5", "trainer.checkpoint.folder=null")
+    finish(forge_run(str(tmp_path / "learn.yaml"), run_dir, *overrides), run_dir)
+    steps = metrics(run_dir)
+    rewards = [m["rollout/reward"] for m in steps]
+    print(f"brevity reward per step: {[round(r, 2) for r in rewards]}")
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2
+    assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
+    for record in trained(run_dir):
+        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+        assert max(ages) <= 1, record
 
 
 def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
@@ -112,11 +136,8 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
     for record in trained(run_dir):  # bounded staleness, by construction
         ages = [record["trainer_version"] - v for v in record["policy_versions"]]
         assert 0 <= min(ages) and max(ages) <= 1, record
-    # Generator vs trainer logprobs of the same tokens, every step: on current-version episodes
-    # the engines' disagreement, on older ones that plus the policy's drift since.
-    for m in steps:
-        kls = [m[k] for k in ("train/mismatch_kl", "train/policy_drift_kl") if k in m]
-        assert kls and max(kls) < 1e-3, m
+    # Generator vs trainer logprobs of the same tokens under the same weights, every step.
+    assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
 
 
 def _generator_processes(driver: int) -> list[int]:
