@@ -56,9 +56,10 @@ def trained(run_dir: Path) -> list[dict]:
 def test_async_grpo_learns_on_smollm2(tmp_path):
     """SmolLM2-135M learns, in async mode, to answer in at most 8 words.
 
-    Baseline (measured, see the closing note of issue 5): the base model's sampled answers are
-    that short about B of the time; the threshold asks the last 3 steps' mean reward to beat the
-    first 3 steps' by 0.2, several times the step-to-step noise of a 16-sample mean.
+    Baseline, measured: 41% of the base model's sampled answers are that short (step 1). A
+    16-sample step mean near 0.5 has a standard deviation of ~0.125, so the difference of two
+    3-step means has ~0.1: the threshold, last 3 steps above the first 3 by 0.2, is twice that.
+    A run measured 0.41 -> 1.0 over 12 steps (first 3: 0.55, last 3: 0.90).
     """
     run_dir = tmp_path / "learn"
     config = yaml.safe_load((ROOT / "configs/grpo/smollm2_cpu.yaml").read_text())
