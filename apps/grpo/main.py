@@ -111,6 +111,9 @@ class GRPO:
         )
         # A respawned generator replica catches up to the newest weights before taking traffic.
         self.generator.on_recover = lambda actor: actor.load_latest.call()
+        self.transport = make_transport(cfg.trainer.transport)
+        # Versions an earlier run left behind must not be mistaken for this run's.
+        await delete_older_than(self.transport, 2**62)
         # A trainer that resumed a checkpoint is ahead of the generators' base weights.
         self.version = await self.trainer.get_step.call_one()
         if self.version:
@@ -119,7 +122,6 @@ class GRPO:
         self.reference = None
         if cfg.reference is not None:
             self.reference = await ReferenceModel.as_actor(cfg.reference)
-        self.transport = make_transport(cfg.trainer.transport)
         metrics = cfg.metrics
         if metrics.progress_total is None:
             metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
