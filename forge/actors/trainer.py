@@ -236,28 +236,30 @@ class TitanTrainer(ForgeActor):
         KL of older episodes to the current weights. A part with no tokens is left out.
         """
         versions = torch.tensor([-1 if v is None else v for v in batch.policy_versions])
-        current = self._to_device(versions == version if version is not None else versions > -2)
-        current = current[:, None] & mask
-        previous = torch.zeros_like(current)
+        is_current = (
+            torch.ones_like(versions, dtype=torch.bool)
+            if version is None
+            else (versions == version)
+        )
+        current = self._to_device(is_current)[:, None] & mask
+        older = mask & ~current
+        n_total, n_current = _all_count(mask), _all_count(current)
+        out = {"current_token_fraction": n_current / max(n_total, 1.0)}
+        kl_sum, n_scored = _kl_sum(logprobs, behaviour, current), n_current
         if self._previous is not None:
-            previous = self._to_device(versions == self._previous[0])[:, None] & mask & ~current
-        total = _all_sum(float(mask.sum()))
-        out = {"current_token_fraction": _all_sum(float(current.sum())) / max(total, 1.0)}
-        kl_sum, count = _kl_sum(logprobs, behaviour, current), _all_sum(float(current.sum()))
-        if _all_sum(float(previous.sum())):
-            with torch.no_grad(), self._weights(self._previous[1]):
-                before = token_logprobs(
-                    self.model, self._to_device(batch.input_ids), self.cfg.temperature
-                )
-            kl_sum += _kl_sum(before, behaviour, previous)
-            count += _all_sum(float(previous.sum()))
-        if count:
-            out["mismatch_kl"] = kl_sum / count
-        drift = mask & ~current
-        if _all_sum(float(drift.sum())):
-            out["policy_drift_kl"] = _kl_sum(logprobs, behaviour, drift) / _all_sum(
-                float(drift.sum())
-            )
+            previous = self._to_device(versions == self._previous[0])[:, None] & older
+            n_previous = _all_count(previous)
+            if n_previous:
+                with torch.no_grad(), self._weights(self._previous[1]):
+                    before = token_logprobs(
+                        self.model, self._to_device(batch.input_ids), self.cfg.temperature
+                    )
+                kl_sum += _kl_sum(before, behaviour, previous)
+                n_scored += n_previous
+        if n_scored:
+            out["mismatch_kl"] = kl_sum / n_scored
+        if n_total > n_current:
+            out["policy_drift_kl"] = _kl_sum(logprobs, behaviour, older) / (n_total - n_current)
         return out
 
     @contextlib.contextmanager
@@ -386,6 +388,11 @@ def _kl_sum(logprobs: torch.Tensor, behaviour: torch.Tensor, part: torch.Tensor)
     """The global sum over `part`'s tokens of the per-token KL(generator || trainer)."""
     kl, _ = mismatch_kl(logprobs, behaviour, part)
     return _all_sum(float(kl) * float(part.sum()))
+
+
+def _all_count(part: torch.Tensor) -> float:
+    """How many tokens `part` marks, over every rank."""
+    return _all_sum(float(part.sum()))
 
 
 def _all_sum(value: float) -> float:
