@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 
-.PHONY: install grpo test lint demo bench clean
+.PHONY: install grpo distill sft test lint demo bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml Makefile
 
 grpo: $(STAMP)
 	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_cpu.yaml $(ARGS)
+
+distill: $(STAMP)
+	$(PY) -m forge run apps/distillation/main.py --config configs/distillation/smollm2_cpu.yaml $(ARGS)
+
+sft: $(STAMP)
+	$(PY) -m forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

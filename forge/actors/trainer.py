@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -27,13 +27,11 @@ from forge.actors.checkpointing import CheckpointConfig, Checkpointer
 from forge.controller import ForgeActor
 from forge.data.collate import collate, gather_tokens, pad_sequences
 from forge.data.episode import Episode
-from forge.losses import GRPOConfig, grpo_loss, mismatch_kl, reverse_kl_loss
+from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, mismatch_kl
 from forge.models import resolve_model
 from forge.models.titan import build, hf_state_dict, titan_model, token_logprobs
 from forge.models.titan_compat import force_sum_reduction, use_device_type
 from forge.weights.transport import TransportConfig, make_transport
-
-OBJECTIVES = ("grpo", "distill", "sft")
 
 
 @dataclass
@@ -49,13 +47,9 @@ class SchedulerConfig:
     """Linear warm-up over `warmup_steps`, then `decay` to lr * min_lr_ratio over `decay_steps`."""
 
     warmup_steps: int = 0
-    decay: str = "constant"  # constant | linear | cosine
+    decay: Literal["constant", "linear", "cosine"] = "constant"
     decay_steps: int = 0
     min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.decay not in ("constant", "linear", "cosine"):
-            raise ValueError(f"decay must be constant, linear or cosine, got {self.decay!r}")
 
 
 @dataclass
@@ -63,8 +57,9 @@ class TrainerConfig:
     """The model, its optimisation, its objective, and where its weights go.
 
     Args:
-        objective: "grpo" (policy gradient on advantages), "distill" (reverse KL to
-            teacher_logprobs) or "sft" (cross-entropy on the completion tokens).
+        objective: a name in forge.losses.OBJECTIVES: "grpo" (policy gradient on
+            advantages), "distill" (reverse KL to teacher_logprobs) or "sft" (cross-entropy on
+            the completion tokens).
         temperature: the generator's sampling temperature; logprobs are taken at it.
         dtype: "float32" or "bfloat16" parameters (gradients are reduced in float32).
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
@@ -74,9 +69,9 @@ class TrainerConfig:
     """
 
     model: str = "SmolLM2-135M-Instruct"
-    objective: str = "grpo"
+    objective: ObjectiveName = "grpo"
     temperature: float = 1.0
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     max_grad_norm: float = 1.0
     tensor_parallel: int = 1
     seed: int = 0
@@ -88,10 +83,10 @@ class TrainerConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     def __post_init__(self) -> None:
+        # Literal fields are checked by the config loader; this guards direct construction.
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+            known = sorted(OBJECTIVES)
+            raise ValueError(f"objective must be one of {known}, got {self.objective!r}")
 
 
 class TitanTrainer(ForgeActor):
@@ -202,8 +197,12 @@ class TitanTrainer(ForgeActor):
         global_norm = _all_sum(local_norm)
         (loss * local_norm / global_norm).backward()
         # After backward (its graph is gone) and before the step (weights are still current).
-        mismatch = self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version)
-        if policy_version is not None and self.cfg.exact_mismatch:
+        # SFT targets come from data, not from a generator: there is nothing to compare with.
+        sampled = self.cfg.objective != "sft"
+        mismatch = {}
+        if sampled:
+            mismatch = self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version)
+        if sampled and policy_version is not None and self.cfg.exact_mismatch:
             weights = [p.detach().clone() for p in self._sharded_parameters()]
             self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
@@ -216,9 +215,6 @@ class TitanTrainer(ForgeActor):
             "tokens_per_s": tokens / (time.perf_counter() - start),
             **mismatch,
         }
-        # The loss's own mismatch_kl compares against old_logprobs, which are the generator's
-        # here: the trainer's figure is the one above.
-        metrics.pop("mismatch_kl", None)
         for name, value in metrics.items():
             if name not in result:
                 result[name] = _all_sum(float(value) * local_norm / global_norm)
@@ -290,27 +286,19 @@ class TitanTrainer(ForgeActor):
         """The objective's loss over this rank's batch, its metrics, and its normaliser."""
         per_sequence = self.cfg.loss.aggregation != "token_mean"
         norm = float(mask.any(-1).sum() if per_sequence else mask.sum())
-        if self.cfg.objective == "sft":
-            loss = -(logprobs * mask).sum() / max(float(mask.sum()), 1.0)
-            return loss, {}, float(mask.sum())
-        if self.cfg.objective == "distill":
-            teacher = self._to_device(batch.teacher_logprobs)
-            loss, metrics = reverse_kl_loss(logprobs, teacher, mask, self.cfg.loss.aggregation)
-            return loss, metrics, norm
-        # Plain async GRPO clips against the generator's logprobs; with an IS correction the
-        # proximal policy is the current one and the generator's logprobs give the IS ratio.
-        old = behaviour if self.cfg.loss.is_correction == "none" else None
-        ref = self._to_device(batch.ref_logprobs) if batch.ref_logprobs is not None else None
-        loss, metrics = grpo_loss(
-            logprobs,
-            old,
-            self._to_device(batch.advantages),
-            mask,
-            self.cfg.loss,
+        inputs = ObjectiveInputs(
+            logprobs=logprobs,
+            mask=mask,
             behaviour_logprobs=behaviour,
-            ref_logprobs=ref,
+            advantages=self._to_device(batch.advantages),
+            ref_logprobs=self._optional(batch.ref_logprobs),
+            teacher_logprobs=self._optional(batch.teacher_logprobs),
         )
+        loss, metrics = OBJECTIVES[self.cfg.objective](inputs, self.cfg.loss)
         return loss, metrics, norm
+
+    def _optional(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else self._to_device(tensor)
 
     def _clip_and_step(self) -> torch.Tensor:
         from torchtitan.distributed import utils as dist_utils
@@ -325,6 +313,25 @@ class TitanTrainer(ForgeActor):
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.device is None else tensor.to(self.device)
+
+    @endpoint
+    async def eval_loss(self, batches: list[list[Episode]]) -> float:
+        """The objective's loss on `batches[rank]` per rank, without a step: a held-out loss."""
+        if len(batches) != self.world:
+            raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
+        return await asyncio.to_thread(self._eval_loss, batches[self.rank])
+
+    def _eval_loss(self, episodes: list[Episode]) -> float:
+        batch = collate(episodes, self.pad_id)
+        self.model.eval()
+        with torch.no_grad():
+            logprobs = token_logprobs(
+                self.model, self._to_device(batch.input_ids), self.cfg.temperature
+            )
+            mask = self._to_device(batch.mask)
+            behaviour = self._to_device(batch.behaviour_logprobs)
+            loss, _, local_norm = self._loss(logprobs, batch, mask, behaviour)
+        return _all_sum(float(loss) * local_norm) / max(_all_sum(local_norm), 1.0)
 
     @endpoint
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -362,6 +369,25 @@ class TitanTrainer(ForgeActor):
         # parameters, which is fine: publishing copies them before the next step can run.
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
+
+    @endpoint
+    async def export_hf(self, path: str) -> str:
+        """Writes the current weights as a Hugging Face folder at `path`; returns `path`.
+
+        Call on every rank (`.call`): gathering the full weights is a collective. Rank 0
+        writes the folder (the source checkpoint's config and tokenizer, the trained weights)
+        and replaces an existing one only once complete; transformers and vLLM load it as is.
+        """
+        return await asyncio.to_thread(self._export_hf, path)
+
+    def _export_hf(self, path: str) -> str:
+        from forge.models.hf_export import save_hf
+
+        state_dict = self._full_state_dict()
+        if self.rank == 0:
+            hf = self.titan.adapter.to_hf(state_dict)
+            save_hf(hf, resolve_model(self.cfg.model), path)
+        return path
 
     @endpoint
     async def save_checkpoint(self) -> str:

@@ -11,11 +11,17 @@ from forge.losses.importance import (
     truncated_is_weights,
 )
 from forge.losses.kl import kl_k1, kl_k2, kl_k3
+from forge.losses.objectives import OBJECTIVES, Objective, ObjectiveInputs, ObjectiveName
+from forge.losses.sft import sft_loss
 
 __all__ = [
     "AGGREGATIONS",
     "IS_CORRECTIONS",
     "Aggregation",
+    "OBJECTIVES",
+    "Objective",
+    "ObjectiveInputs",
+    "ObjectiveName",
     "GRPOConfig",
     "ISCorrection",
     "aggregate",
@@ -30,5 +36,6 @@ __all__ = [
     "masked_sum",
     "mismatch_kl",
     "reverse_kl_loss",
+    "sft_loss",
     "truncated_is_weights",
 ]

@@ -14,6 +14,7 @@ def reverse_kl_loss(
     mask: Tensor,
     aggregation: Aggregation = "token_mean",
     norm_length: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE loss whose gradient estimates that of the reverse KL(student || teacher).
 
@@ -25,14 +26,15 @@ def reverse_kl_loss(
     so the loss is -A_t log s(y_t) with the per-token advantage A_t = -(log s_t - log q_t),
     detached. Each token is credited with its own KL only, not that of the tokens after it (a
     discount of 0, as in Thinking Machines' recipe): for the sequence-level KL this is biased,
-    but of much lower variance. The tokens are assumed to come from the student; a generator
-    lagging the student is not corrected for here.
+    but of much lower variance. The tokens are assumed to come from the student; for tokens
+    from a lagging generator pass `is_weights` (e.g. truncated pi_theta / mu, detached).
 
     Args:
         logprobs: [batch, seq] the student's log-probabilities of the sampled tokens, with grad.
         teacher_logprobs: [batch, seq] the teacher's log-probabilities of the same tokens.
         mask: [batch, seq] bool or 0/1, the response tokens.
         aggregation, norm_length: as in forge.losses.aggregation.aggregate.
+        is_weights: [batch, seq] per-token importance weights, or None for 1.
 
     Returns:
         (loss, metrics). The loss's value is not the KL; metrics["reverse_kl"] is: the token mean
@@ -41,6 +43,11 @@ def reverse_kl_loss(
     mask = mask.bool()
     log_ratio = torch.where(mask, logprobs - teacher_logprobs, 0.0)
     advantages = -log_ratio.detach()
-    loss = aggregate(-advantages * logprobs, mask, aggregation, norm_length)
-    metrics = {"reverse_kl": masked_mean(log_ratio, mask), "loss": loss}
+    per_token = -advantages * torch.where(mask, logprobs, 0.0)
+    metrics = {"reverse_kl": masked_mean(log_ratio, mask)}
+    if is_weights is not None:
+        per_token = is_weights.detach() * per_token
+        metrics["is_weight_mean"] = masked_mean(is_weights, mask)
+    loss = aggregate(per_token, mask, aggregation, norm_length)
+    metrics["loss"] = loss
     return loss, {name: value.detach() for name, value in metrics.items()}

@@ -149,3 +149,30 @@ async def test_pushed_weights_make_the_generator_agree_with_the_trainer(tmp_path
     assert await generator.get_version.call_one() == 1
     (again,) = await generator.generate.call_one(pairs[0][0], sampling={"max_tokens": 4})
     assert again.token_versions == [1] * 4
+
+
+async def test_distilling_a_student_into_itself_has_zero_kl_and_zero_gradient(tmp_path, cleanup):
+    """Student == teacher (the same checkpoint, scored by a ReferenceModel as the app's titan
+    teacher does): reverse KL ~0 and no gradient; a different teacher gives both."""
+    cfg = trainer_config(tmp_path, objective="distill")
+    trainer = await TitanTrainer.as_actor(cfg)
+    teachers = {
+        "self": await ReferenceModel.as_actor(ReferenceConfig(model=cfg.model)),
+        "other": await ReferenceModel.as_actor(
+            ReferenceConfig(model=str(tiny_model("llama", seed=1, init_std=0.5)))
+        ),
+    }
+    batch = await on_policy(trainer, episodes())
+    pairs = [(e.completion.prompt_ids, e.completion.token_ids) for e in batch]
+    results = {}
+    for name, teacher in teachers.items():
+        for episode, lp in zip(batch, await teacher.logprobs.call_one(pairs), strict=True):
+            episode.teacher_logprobs = lp
+        trainer_cfg = trainer_config(tmp_path, name, objective="distill")
+        fresh = await TitanTrainer.as_actor(trainer_cfg)  # each measured before any step
+        results[name] = await fresh.train_step.call_one([batch])
+    print(f"student == teacher: {results['self']}")
+    assert abs(results["self"]["reverse_kl"]) < 1e-6
+    assert results["self"]["grad_norm"] < 1e-6
+    # The tokens are random, not the student's samples, so the k1 estimate may be negative.
+    assert abs(results["other"]["reverse_kl"]) > 0.1 and results["other"]["grad_norm"] > 1e-2

@@ -9,18 +9,37 @@ from forge.cli import load_app
 from forge.config import ConfigError, load_config
 
 ROOT = Path(__file__).parents[2]
-CONFIGS = sorted((ROOT / "configs" / "grpo").glob("*.yaml"))
+APPS = {"grpo": "grpo", "distillation": "distillation", "sft": "sft"}  # config folder -> app
+CONFIGS = sorted((ROOT / "configs").glob("*/*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_grpo_config_loads(path):
-    _, schema = load_app(ROOT / "apps" / "grpo" / "main.py")
-    cfg = load_config(schema, path)
-    assert cfg.buffer.batch_size % cfg.group_size == 0
-    assert cfg.trainer.temperature == cfg.generator.sampling.temperature
+def schema(config: Path) -> type:
+    return load_app(ROOT / "apps" / APPS[config.parent.name] / "main.py")[1]
+
+
+def test_every_config_folder_belongs_to_an_app():
+    assert {p.parent.name for p in CONFIGS} == set(APPS)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
+def test_app_config_loads(path):
+    cfg = load_config(schema(path), path)
+    assert (
+        cfg.trainer.objective
+        == {"grpo": "grpo", "distillation": "distill", "sft": "sft"}[path.parent.name]
+    )
+    if path.parent.name != "sft":
+        assert cfg.buffer.batch_size % cfg.group_size == 0
+        assert cfg.trainer.temperature == cfg.generator.sampling.temperature
 
 
 def test_a_typo_in_an_app_config_is_one_line_naming_it():
-    _, schema = load_app(ROOT / "apps" / "grpo" / "main.py")
+    grpo = ROOT / "configs" / "grpo" / "smollm2_cpu.yaml"
     with pytest.raises(ConfigError, match="command line: trainer.optimizer.learning_rate"):
-        load_config(schema, CONFIGS[0], ["trainer.optimizer.learning_rate=1e-5"])
+        load_config(schema(grpo), grpo, ["trainer.optimizer.learning_rate=1e-5"])
+
+
+def test_an_app_refuses_an_objective_it_cannot_train():
+    distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match="trainer.objective must be 'distill'"):
+        load_config(schema(distill), distill, ["trainer.objective=grpo"])

@@ -1,0 +1,91 @@
+"""On-policy distillation: the student samples, a teacher scores every sampled token, and the
+student minimises the per-token reverse KL to the teacher on its own samples.
+
+    forge run apps/distillation/main.py --config configs/distillation/smollm2_cpu.yaml
+
+The loop is forge.loop's (asynchronous by default, staleness bounded by the admission gate;
+`trainer.loss.is_correction: tis` reweights samples of an older generator). What makes it
+distillation is `score`: a teacher service (replicas, retry-safe; a torchtitan forward pass or
+vLLM prompt logprobs, `teacher.backend`) returns log q of every sampled token, and the trainer's
+`distill` objective turns log p - log q into per-token advantages.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from forge.actors.reference import ReferenceConfig, ReferenceModel
+from forge.data import Completion, Episode
+from forge.loop import Resources, RLConfig, RLLoop
+from forge.loop.rl import BusyClock
+from forge.models.prune import PrunedModel
+from forge.observability import Reduce, record_metric
+
+
+@dataclass
+class Config(RLConfig):
+    """RLConfig plus the teacher.
+
+    Args:
+        teacher: the teacher model, its backend and temperature (the generator's).
+        teacher_resources: how many teacher replicas, on which devices.
+        student: when set, a layer-pruned copy of a model that generator.model and
+            trainer.model both become (the compression use case: a student initialised from
+            its teacher's weights).
+    """
+
+    run_dir: str = "runs/distill"
+    teacher: ReferenceConfig = field(default_factory=ReferenceConfig)
+    teacher_resources: Resources = field(default_factory=Resources)
+    student: PrunedModel | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.trainer.objective != "distill":
+            raise ValueError(f"trainer.objective must be 'distill', got {self.trainer.objective!r}")
+        if self.teacher.temperature != self.generator.sampling.temperature:
+            raise ValueError("teacher.temperature must equal generator.sampling.temperature")
+
+
+class Distill(RLLoop):
+    """Teacher logprobs for every sampled token; per-sequence reverse KL in the metrics."""
+
+    cfg: Config
+    plot_keys = ("train/reverse_kl", "eval/reward", "teacher/tokens_per_s", "train/tokens_per_s")
+
+    async def start_services(self) -> list:
+        await super().start_services()
+        r = self.cfg.teacher_resources
+        self.teacher = await ReferenceModel.options(**vars(r)).as_service(self.cfg.teacher)
+        self.teacher_busy = BusyClock()
+        return [self.teacher]
+
+    async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
+        pairs = [(c.prompt_ids, c.token_ids) for c in completions]
+        start = time.perf_counter()
+        async with self.teacher_busy:
+            teacher = await self.teacher.logprobs.route(pairs)
+        tokens = sum(len(c.token_ids) for c in completions)
+        record_metric("teacher/tokens_per_s", tokens / (time.perf_counter() - start))
+        episodes = []
+        for i, (c, lp) in enumerate(zip(completions, teacher, strict=True)):
+            episodes.append(Episode(f"{group}-{i}", str(group), c, teacher_logprobs=lp))
+            # log p - log q under the generator's weights: the KL each sample was drawn with.
+            kl = sum(s - t for s, t in zip(c.logprobs, lp, strict=True)) / max(len(lp), 1)
+            record_metric("rollout/seq_reverse_kl", kl)
+            record_metric("rollout/seq_reverse_kl_std", kl, Reduce.STD)
+            record_metric("rollout/seq_reverse_kl_max", kl, Reduce.MAX)
+            record_metric("rollout/seq_reverse_kl_min", kl, Reduce.MIN)
+        return episodes
+
+    async def log_step(self, step: int, start: float) -> dict[str, float]:
+        record_metric("teacher/idle_fraction", self.teacher_busy.idle_fraction())
+        for m in self.teacher.metrics():
+            record_metric("teacher/deaths", m["deaths"], Reduce.SUM)
+            record_metric("teacher/recoveries", m["recoveries"], Reduce.SUM)
+        return await super().log_step(step, start)
+
+
+async def main(cfg: Config) -> None:
+    if cfg.student is not None:
+        cfg.generator.model = cfg.trainer.model = str(cfg.student.path())
+    await Distill(cfg).main()

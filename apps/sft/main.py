@@ -1,0 +1,117 @@
+"""Supervised fine-tuning on chat-formatted (prompt, answer) rows, loss on answer tokens only.
+
+    forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml
+
+Rows come from a reasoning-gym task or a local file / Hugging Face dataset folder; the answer,
+put into `data.answer_template`, is the assistant's target. Batches group rows of similar
+length (forge.data.sft.LengthBucketBatcher), so padding stays small: `train/padding_fraction`
+reports it. Every `eval.interval` steps the weights go to the generators, which answer the
+held-out rows greedily (`eval/reward`), and the trainer scores the held-out answers
+(`eval/loss`, the same loss without a step).
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from transformers import AutoTokenizer
+
+from forge.data.datasets import ReasoningGymConfig
+from forge.data.episode import Episode
+from forge.data.sft import (
+    LengthBucketBatcher,
+    SFTDatasetConfig,
+    SFTExamples,
+    padding_fraction,
+    sft_episode,
+    tokenize_row,
+)
+from forge.loop import Run, RunConfig
+from forge.models import resolve_model
+from forge.observability import record_metric
+
+
+@dataclass
+class Config(RunConfig):
+    """RunConfig plus the SFT data.
+
+    Args:
+        data: the training rows and the answer template.
+        batch_size: sequences per optimizer step.
+        bucket_window: batches read ahead and sorted by length (1: no bucketing).
+    """
+
+    run_dir: str = "runs/sft"
+    data: SFTDatasetConfig = field(default_factory=SFTDatasetConfig)
+    batch_size: int = 16
+    bucket_window: int = 8
+
+    def __post_init__(self) -> None:
+        if self.trainer.objective != "sft":
+            raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
+
+
+class SFT(Run):
+    """Train on bucketed batches; publish and evaluate every `eval.interval` steps."""
+
+    cfg: Config
+    plot_keys = ("train/loss", "eval/loss", "eval/reward", "train/padding_fraction")
+
+    async def start_services(self) -> list:
+        cfg = self.cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
+        examples = SFTExamples(cfg.data, self.tokenizer)
+        self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
+        return []
+
+    def training_task(self) -> ReasoningGymConfig:
+        if self.cfg.data.source != "reasoning_gym":
+            raise ValueError("SFT on local data: set eval.dataset (the held-out task) or eval=0")
+        return self.cfg.data.reasoning_gym
+
+    async def run(self) -> None:
+        start = time.perf_counter()
+        if self.evaluator is not None:
+            await self.eval_loss(0)  # the base model's held-out loss
+        for step in range(self.first_step, self.last_step + 1):
+            batch = next(self.batches)
+            episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
+            record_metric("train/padding_fraction", padding_fraction(episodes))
+            metrics = await self.train(_split(episodes, self.world))
+            for name, value in metrics.items():
+                record_metric(f"train/{name}", value)
+            # The generators serve only the held-out eval: they get weights when it is due.
+            if self.evaluator is not None and self._eval_due(step):
+                await self.publish(step)
+                await self.eval_loss(step)
+            await self.log_step(step, start)
+
+    async def eval_loss(self, step: int) -> float:
+        """The trainer's loss on the held-out rows' reference answers, batch by batch."""
+        if not hasattr(self, "held_out"):
+            t, d = self.tokenizer, self.cfg.data
+            self.held_out = [
+                sft_episode(tokenize_row(row, t, d.answer_template), f"eval-{i}")
+                for i, row in enumerate(self.evaluator.rows)
+            ]
+        total = tokens = 0.0
+        size = self.cfg.batch_size
+        for i in range(0, len(self.held_out), size):
+            chunk = self.held_out[i : i + size]
+            n = sum(len(e.completion.token_ids) for e in chunk)
+            loss = (await self.trainer.eval_loss.call(_split(chunk, self.world))).item(procs=0)
+            total, tokens = total + loss * n, tokens + n
+        loss = total / tokens
+        record_metric("eval/loss", loss)
+        with (self.run_dir / "eval.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "version": self.version, "loss": loss}) + "\n")
+        return loss
+
+
+def _split(episodes: list[Episode], ranks: int) -> list[list[Episode]]:
+    """Episodes dealt round-robin to the trainer's data-parallel ranks."""
+    return [episodes[r::ranks] for r in range(ranks)]
+
+
+async def main(cfg: Config) -> None:
+    await SFT(cfg).main()

@@ -1,0 +1,84 @@
+"""What the teacher costs: student tokens trained per second in distillation vs GRPO.
+
+Runs, in this process and one after the other, GRPO and then on-policy distillation once per
+teacher backend (torchtitan forward, vLLM prompt logprobs), all on the same student model,
+batch, placement and number of steps (the distillation config's). Trained tokens per second
+= tokens the trainer stepped on / wall seconds, the first step (start-up) left out. GRPO pays
+for rewards; distillation for the teacher's forward pass instead: the ratio shows how much of
+the loop's throughput the teacher takes.
+
+    python bench/distill_throughput.py [--config configs/distillation/smollm2_cpu.yaml]
+                                       [--steps 6] [k=v ...]
+"""
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from forge.cli import load_app
+from forge.config import load_config
+
+APPS = Path(__file__).parents[1] / "apps"
+GRPO_CONFIG = "configs/grpo/smollm2_cpu.yaml"
+# Keys both apps understand, copied from the distillation config into the GRPO run.
+SHARED = ("group_size", "dataset", "buffer", "generator_resources", "trainer_resources")
+
+
+async def run(app: str, config: str, overrides: list[str]) -> list[dict]:
+    app_main, schema = load_app(APPS / app / "main.py")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{app}-"))
+    cfg = load_config(schema, config, [*overrides, f"run_dir={run_dir}"])
+    print(f"{app} run ({' '.join(overrides)}) -> {run_dir}", flush=True)
+    await app_main(cfg)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def tokens_per_s(steps: list[dict]) -> float:
+    """Trained tokens per wall second, from the end of step 1 to the end of the last."""
+    tokens = sum(s["train/tokens"] for s in steps[1:])
+    return tokens / (steps[-1]["run/elapsed_s"] - steps[0]["run/elapsed_s"])
+
+
+async def main(args: argparse.Namespace) -> None:
+    _, schema = load_app(APPS / "distillation" / "main.py")
+    distill = load_config(schema, args.config, args.overrides)
+    student = str(distill.student.path()) if distill.student else distill.trainer.model
+    common = [
+        f"steps={args.steps}",
+        "export_hf=false",
+        "eval.interval=0",
+        "trainer.checkpoint.folder=null",
+        *args.overrides,
+    ]
+    shared = [f"{key}={json.dumps(_plain(getattr(distill, key)))}" for key in SHARED]
+    grpo = await run(
+        "grpo",
+        GRPO_CONFIG,
+        [*common, *shared, f"generator.model={student}", f"trainer.model={student}"],
+    )
+    results = {"grpo": tokens_per_s(grpo)}
+    for backend in ("titan", "vllm"):
+        steps = await run("distillation", args.config, [*common, f"teacher.backend={backend}"])
+        results[f"distill ({backend} teacher)"] = tokens_per_s(steps)
+        teacher = sum(s["teacher/tokens_per_s"] for s in steps[1:]) / (len(steps) - 1)
+        print(f"  teacher {backend}: {teacher:.0f} tokens/s scored per call")
+    print(f"student model {student}, {args.steps} steps each, tokens trained per second:")
+    for name, rate in results.items():
+        print(f"  {name:26s} {rate:8.1f} tokens/s = {rate / results['grpo']:.3f} of GRPO's")
+
+
+def _plain(value: object) -> object:
+    """A config value as plain data, for a key=value override."""
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(value) if is_dataclass(value) else value
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/distillation/smollm2_cpu.yaml")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,8 @@
+"""The loop every app shares: actors, publishing weights, eval, metrics, shutdown."""
+
+from forge.loop.config import EvalConfig, Resources, RLConfig, RunConfig
+from forge.loop.evaluation import Evaluator
+from forge.loop.rl import RLLoop
+from forge.loop.run import Run
+
+__all__ = ["EvalConfig", "Evaluator", "RLConfig", "RLLoop", "Resources", "Run", "RunConfig"]

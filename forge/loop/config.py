@@ -1,0 +1,96 @@
+"""The config fields every app shares: where the run lives, its actors, their placement, eval."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from forge.actors.generator import GeneratorConfig
+from forge.actors.replay_buffer import ReplayBufferConfig
+from forge.actors.reward import RewardConfig
+from forge.actors.trainer import TrainerConfig
+from forge.controller import ProvisionerConfig
+from forge.data.datasets import ReasoningGymConfig, easy_arithmetic
+from forge.observability import MetricsConfig
+
+
+@dataclass
+class Resources:
+    """Processes for one role: how many, and which devices (see ForgeActor.options)."""
+
+    procs: int = 1
+    hosts: int | None = None
+    num_replicas: int = 1
+    with_gpus: bool = False
+    cpus_per_proc: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: the generators answer a fixed set of rows greedily.
+
+    Args:
+        interval: evaluate every `interval` steps (and before the first and after the last);
+            0 turns eval off.
+        size: how many held-out rows.
+        dataset: where the rows come from; None: the training task with `seed` as its seed
+            (a procedural task generates different rows from another seed).
+        seed: the held-out rows' seed when `dataset` is None.
+        max_tokens: generation budget per answer.
+    """
+
+    interval: int = 0
+    size: int = 64
+    dataset: ReasoningGymConfig | None = None
+    seed: int = 1_000_003
+    max_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.interval < 0 or self.size < 1:
+            raise ValueError(f"need interval >= 0 and size >= 1, got {self.interval}, {self.size}")
+
+
+@dataclass
+class RunConfig:
+    """What every app's config holds; an app's own Config subclasses it (or RLConfig).
+
+    Args:
+        run_dir: the run's folder: metrics, plot, trained-episode log, checkpoints, export.
+        steps: optimizer steps to take.
+        export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end.
+    """
+
+    run_dir: str = "runs/forge"
+    steps: int = 20
+    seed: int = 0
+    export_hf: bool = True
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
+    generator_resources: Resources = field(default_factory=Resources)
+    trainer_resources: Resources = field(default_factory=Resources)
+
+
+@dataclass
+class RLConfig(RunConfig):
+    """An app that trains on its own generators' samples (GRPO, on-policy distillation).
+
+    Args:
+        mode: "async" (rollouts and training overlap, bounded by buffer.max_policy_age) or
+            "sync" (generate a batch, then train on it).
+        group_size: samples per prompt.
+    """
+
+    mode: Literal["async", "sync"] = "async"
+    group_size: int = 8
+    dataset: ReasoningGymConfig = field(default_factory=easy_arithmetic)
+    buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+
+    def __post_init__(self) -> None:
+        if self.buffer.batch_size % self.group_size:
+            raise ValueError(
+                f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "
+                f"{self.group_size}: a batch holds whole groups"
+            )

@@ -1,0 +1,187 @@
+"""RLLoop: training on the run's own samples, asynchronously by default, bounded in staleness.
+
+Rollout workers (several tasks): dataset row -> generator.generate (G samples of one prompt)
+-> `score` (the app's: rewards and advantages for GRPO, teacher logprobs for distillation) ->
+replay buffer; an admission gate keeps at most (max_policy_age + 1) batches ahead of the
+trainer. Training loop: buffer.sample -> trainer.train_step -> publish (trainer push ->
+generator update). `mode: sync` alternates the two strictly (generate a batch, then train on
+it): the baseline async mode is measured against, and the same data as async mode with
+`max_policy_age: 0`.
+"""
+
+import asyncio
+import time
+from typing import Any
+
+from forge.actors.dataset import DatasetActor
+from forge.actors.replay_buffer import ReplayBuffer
+from forge.data.admission import AdmissionGate
+from forge.data.completion import Completion
+from forge.data.datasets import ReasoningGymConfig
+from forge.data.episode import Episode
+from forge.loop.config import RLConfig
+from forge.loop.run import Run
+from forge.observability import Reduce, record_metric
+
+MAX_FAILURES_IN_A_ROW = 10
+
+
+class RLLoop(Run):
+    """Generate, score, buffer, train, publish. Subclasses implement `score`."""
+
+    cfg: RLConfig
+
+    def __init__(self, cfg: RLConfig) -> None:
+        super().__init__(cfg)
+        self.groups = 0  # groups admitted so far: group k gets prompt k and seed k
+        self.stop = asyncio.Event()
+        self.busy = BusyClock()  # time with at least one generate call running
+        self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
+        self.workers: list[asyncio.Future] = []
+
+    async def start_services(self) -> list[Any]:
+        """The replay buffer and the dataset; apps call this first when they add their own."""
+        self.buffer, self.dataset = await asyncio.gather(
+            ReplayBuffer.as_actor(self.cfg.buffer), DatasetActor.as_actor(self.cfg.dataset)
+        )
+        return []
+
+    def training_task(self) -> ReasoningGymConfig:
+        return self.cfg.dataset
+
+    # --- rollouts -----------------------------------------------------------------------------
+
+    async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
+        """The group's episodes, ready to train on (the app's objective decides what that is)."""
+        raise NotImplementedError
+
+    async def rollout(self, group: int) -> list[Episode]:
+        """One prompt, G samples, scored by the app."""
+        row = await self.dataset.nth.call_one(group)
+        seed = self.cfg.seed * 1_000_003 + group * self.cfg.group_size
+        async with self.busy:
+            completions = await self.generator.generate.route(
+                row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
+            )
+        return await self.score(group, row, completions)
+
+    async def rollout_worker(self) -> None:
+        """Starts a rollout whenever the admission gate allows one, until the run stops.
+
+        One failed group is counted and skipped; failures in a row back off, and after
+        MAX_FAILURES_IN_A_ROW the run ends with the last error rather than spin.
+        """
+        failures = 0
+        while not self.stop.is_set():
+            await self.gate.admit()
+            group, self.groups = self.groups, self.groups + 1
+            try:
+                episodes = await self.rollout(group)
+            except Exception as e:
+                await self.gate.finished(self.cfg.group_size, kept=0)
+                record_metric("rollout/failed_groups", 1, Reduce.SUM)
+                failures += 1
+                message = str(e).splitlines()[0] if str(e) else repr(e)
+                print(f"rollout of group {group} failed ({failures} in a row): {message}")
+                if failures >= MAX_FAILURES_IN_A_ROW:
+                    raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from e
+                await asyncio.sleep(min(2.0**failures, 30.0))
+                continue
+            failures = 0
+            await self.buffer.add.call_one(episodes)
+            await self.gate.finished(len(episodes))
+
+    async def sync_rollouts(self) -> None:
+        """Generates exactly one batch, all on the current weights (the synchronous baseline)."""
+        start = time.perf_counter()
+        groups = self.cfg.buffer.batch_size // self.cfg.group_size
+        first, self.groups = self.groups, self.groups + groups
+        batches = await asyncio.gather(*(self.rollout(first + g) for g in range(groups)))
+        await self.buffer.add.call_one([e for b in batches for e in b])
+        record_metric("rollout/batch_s", time.perf_counter() - start)
+
+    # --- training -----------------------------------------------------------------------------
+
+    async def train_step(self, step: int) -> dict[str, float]:
+        """Waits for a fresh batch, trains on it, and moves every generator to the new weights."""
+        waited = time.perf_counter()
+        before = await self.buffer.stats.call_one()
+        while (batch := await self.buffer.sample.call_one(self.version)) is None:
+            _raise_if_failed(self.workers)
+            await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        # Whatever order concurrent groups finished in, train on them in a fixed order.
+        batch = [
+            sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
+        ]
+        self.log_batch(step, self.version, batch)
+        metrics = await self.train(batch, policy_version=self.version)
+        await self.publish(step)
+        after = await self.buffer.stats.call_one()
+        if self.cfg.mode == "async":  # episodes that left the buffer make room for rollouts
+            await self.gate.consumed(_left_buffer(after) - _left_buffer(before))
+        wall = time.perf_counter() - waited
+        for name, value in metrics.items():
+            record_metric(f"train/{name}", value)
+        record_metric("train/idle_fraction", (start - waited) / wall)
+        record_metric("train/step_s", wall)
+        record_metric("buffer/size", after["size"])
+        record_metric("buffer/evicted_stale", after["evicted_stale"], Reduce.MAX)
+        for key in ("policy_age_min", "policy_age_mean", "policy_age_max"):
+            record_metric(f"buffer/{key}", after[key] or 0)
+        return metrics
+
+    async def run(self) -> None:
+        start = time.perf_counter()
+        if self.cfg.mode == "async":
+            ahead = self.gate.limit // self.cfg.group_size
+            self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
+        try:
+            for step in range(self.first_step, self.last_step + 1):
+                if self.cfg.mode == "sync":
+                    await self.sync_rollouts()
+                await self.train_step(step)
+                record_metric("generator/idle_fraction", self.busy.idle_fraction())
+                await self.log_step(step, start)
+        finally:
+            self.stop.set()
+            for w in self.workers:
+                w.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+
+
+class BusyClock:
+    """Measures the fraction of time with at least one call inside `async with`."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.busy = 0.0
+        self.since = self.start = time.perf_counter()
+
+    async def __aenter__(self) -> None:
+        if self.inside == 0:
+            self.since = time.perf_counter()
+        self.inside += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.inside -= 1
+        if self.inside == 0:
+            self.busy += time.perf_counter() - self.since
+
+    def busy_seconds(self) -> float:
+        """Seconds with at least one call inside so far."""
+        return self.busy + (time.perf_counter() - self.since if self.inside else 0.0)
+
+    def idle_fraction(self) -> float:
+        elapsed = time.perf_counter() - self.start
+        return 1 - self.busy_seconds() / max(elapsed, 1e-9)
+
+
+def _left_buffer(stats: dict[str, Any]) -> int:
+    return stats["retired"] + stats["evicted_stale"] + stats["evicted_capacity"]
+
+
+def _raise_if_failed(workers: list[asyncio.Future]) -> None:
+    for w in workers:
+        if w.done() and not w.cancelled() and w.exception() is not None:
+            raise w.exception()

@@ -1,0 +1,94 @@
+"""Training objectives by name: what the trainer minimises on one collated batch.
+
+Each objective is a function `(ObjectiveInputs, GRPOConfig) -> (loss, metrics)`; the trainer
+looks it up in OBJECTIVES by the name its config gives, so a new objective is one function and
+one entry here, with no change to the trainer.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from forge.losses.distillation import reverse_kl_loss
+from forge.losses.grpo import GRPOConfig, grpo_loss
+from forge.losses.importance import truncated_is_weights
+from forge.losses.sft import sft_loss
+
+ObjectiveName = Literal["grpo", "distill", "sft"]
+
+
+@dataclass
+class ObjectiveInputs:
+    """Per-token tensors of one batch, all [batch, seq] but `advantages` ([batch]).
+
+    Attributes:
+        logprobs: the trainer's log-probabilities of the tokens, with grad.
+        mask: the tokens that carry loss (completion or answer tokens).
+        behaviour_logprobs: the generator's log-probabilities of the same tokens.
+        advantages: one per sequence.
+        ref_logprobs: a reference model's, or None.
+        teacher_logprobs: a teacher's, or None.
+    """
+
+    logprobs: Tensor
+    mask: Tensor
+    behaviour_logprobs: Tensor
+    advantages: Tensor
+    ref_logprobs: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
+
+
+Objective = Callable[[ObjectiveInputs, GRPOConfig], tuple[Tensor, dict[str, Tensor]]]
+
+
+def grpo_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO. Without an IS correction it clips against the generator's logprobs (plain async
+    PPO); with one, the proximal policy is the current one and the generator's logprobs give
+    the IS ratio."""
+    old = x.behaviour_logprobs if cfg.is_correction == "none" else None
+    loss, metrics = grpo_loss(
+        x.logprobs,
+        old,
+        x.advantages,
+        x.mask,
+        cfg,
+        behaviour_logprobs=x.behaviour_logprobs,
+        ref_logprobs=x.ref_logprobs,
+    )
+    # grpo_loss's mismatch_kl compares against old_logprobs, which are the generator's here:
+    # the trainer measures the mismatch itself, under the right weights.
+    metrics.pop("mismatch_kl", None)
+    return loss, metrics
+
+
+def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """On-policy distillation: reverse KL to the teacher on the student's own samples.
+
+    The estimator assumes the tokens were sampled by the weights being trained. Samples from an
+    older generator (async) are reweighted by TIS, min(pi_theta / mu, tis_cap) per token, when
+    `cfg.is_correction` is "tis"; on fresh samples the weight is ~1.
+    """
+    if x.teacher_logprobs is None:
+        raise ValueError("objective 'distill' needs teacher_logprobs on every episode")
+    if cfg.is_correction == "mis":
+        raise ValueError("objective 'distill' supports is_correction 'none' or 'tis', not 'mis'")
+    weights = None
+    if cfg.is_correction == "tis":
+        weights = truncated_is_weights(x.logprobs.detach(), x.behaviour_logprobs, cfg.tis_cap)
+    return reverse_kl_loss(
+        x.logprobs, x.teacher_logprobs, x.mask, cfg.aggregation, cfg.norm_length, weights
+    )
+
+
+def sft_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """Cross-entropy on the masked (answer) tokens."""
+    return sft_loss(x.logprobs, x.mask, cfg.aggregation, cfg.norm_length)
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "grpo": grpo_objective,
+    "distill": distill_objective,
+    "sft": sft_objective,
+}

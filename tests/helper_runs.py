@@ -1,0 +1,97 @@
+"""Running an app end to end through `python -m forge run`, and reading its run folder."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).parents[1]
+
+
+def forge_run(app: str, config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """Starts `forge run apps/<app>/main.py --config <config> run_dir=<run_dir> overrides`;
+    its output goes to <run_dir>.log beside the run folder."""
+    cmd = [sys.executable, "-m", "forge", "run", f"apps/{app}/main.py", "--config", config]
+    cmd += [f"run_dir={run_dir}", *overrides]
+    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, timeout: float = 900) -> None:
+    """Waits for the run and fails with the end of its log unless it exited 0."""
+    code = proc.wait(timeout=timeout)
+    log = (run_dir.parent / f"{run_dir.name}.log").read_text()
+    assert code == 0, log[-4000:]
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return jsonl(run_dir / "metrics.jsonl")
+
+
+def trained(run_dir: Path) -> list[dict]:
+    return jsonl(run_dir / "trained_episodes.jsonl")
+
+
+def evals(run_dir: Path, key: str) -> list[dict]:
+    """The eval.jsonl records that hold `key` ("reward" or "loss"), in step order."""
+    return sorted((r for r in jsonl(run_dir / "eval.jsonl") if key in r), key=lambda r: r["step"])
+
+
+def processes_of(driver: int, marker: str) -> list[int]:
+    """Pids of the driver's descendant processes whose name or command line has `marker`."""
+    return [p.pid for p in _descendants(driver) if marker in p.name() + " ".join(p.cmdline())]
+
+
+def processes_with_env(driver: int, key: str, value: str) -> list[int]:
+    """Pids of the driver's descendant processes started with `key=value` in their
+    environment (a role's `env` in the config marks its processes)."""
+    return [p.pid for p in _descendants(driver) if p.environ().get(key) == value]
+
+
+def _descendants(driver: int) -> list[psutil.Process]:
+    alive = []
+    for p in psutil.Process(driver).children(recursive=True):
+        try:
+            p.name(), p.cmdline(), p.environ()
+            alive.append(p)
+        except psutil.NoSuchProcess:
+            pass  # ended meanwhile
+    return alive
+
+
+def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 300):
+    """Polls metrics.jsonl until it holds `steps` steps; fails if the run ends first."""
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < steps:
+        assert proc.poll() is None and time.monotonic() < deadline, "run ended early"
+        time.sleep(0.5)
+
+
+def complete_groups(run_dir: Path, group_size: int, steps: list[dict]) -> None:
+    """Every episode trained once; missing group members only as counted stale evictions.
+
+    A group's samples can carry different versions (a drain lets queued samples start on the
+    new weights), so one can go stale alone: it is evicted and counted, never silently lost.
+    Only the last batch may hold part of a group whose rest was still buffered.
+    """
+    records = trained(run_dir)
+    ids = [e for s in records for e in s["episodes"]]
+    assert len(ids) == len(set(ids))  # nothing trained twice
+    groups: dict[str, int] = {}
+    for episode in ids:
+        group = episode.split("-")[0]
+        groups[group] = groups.get(group, 0) + 1
+    last_batch = {e.split("-")[0] for e in records[-1]["episodes"]}
+    missing = sum(group_size - n for g, n in groups.items() if g not in last_batch)
+    assert max(groups.values()) == group_size
+    assert missing <= max(m.get("buffer/evicted_stale", 0) for m in steps)
+    for record in records:  # bounded staleness, by construction
+        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+        assert 0 <= min(ages) and max(ages) <= 1, record
