@@ -7,23 +7,31 @@ pytestmark = pytest.mark.integration
 
 
 def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(tmp_path):
-    """`make sft`'s config, fewer steps.
+    """`make sft`'s config, fewer steps. The score is the config's reward: reasoning-gym
+    correctness + the answer format (`<answer>` tags), each up to 1.
 
-    THRESHOLD
+    Measured on the 64 held-out rows: the base model's held-out loss 1.52 and reward 0.6875
+    (correct 0.6875, format 0); after 12 steps loss 0.12 (0.17 at step 6) and reward 1.67
+    (correct 0.67, format 1.0). Correctness alone dips first (0.52 at step 6), while the model
+    moves from answering in prose to answering in the tags directly, then climbs back. The test
+    asks the loss to halve and the reward to gain 0.5, about half the gain measured, and
+    correctness to stay within 0.2 of the base's.
     """
     run_dir = tmp_path / "learn"
     overrides = (
-        "steps=10",
+        "steps=12",
         "trainer.checkpoint.folder=null",
         "export_hf=false",
-        "eval.interval=10",
+        "eval.interval=12",
     )
     finish(forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
     losses = [r["loss"] for r in evals(run_dir, "loss")]
-    scores = [r["reward"] for r in evals(run_dir, "reward")]
-    print(f"held-out loss {losses}, held-out greedy reward {scores}")
-    assert losses[-1] < losses[0]
-    assert scores[-1] > scores[0]
+    rewards = evals(run_dir, "reward")
+    print(f"held-out loss {losses}, held-out greedy reward {rewards}")
+    assert losses[-1] < 0.5 * losses[0]
+    assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
+    correct = [r["rewards"]["reasoning_gym"] for r in rewards]
+    assert correct[-1] > correct[0] - 0.2
     assert max(m["train/padding_fraction"] for m in metrics(run_dir)) < 0.1
 
 
