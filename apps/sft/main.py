@@ -49,6 +49,8 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         if self.trainer.objective != "sft":
             raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
+        if self.data.source == "local" and self.eval.interval and self.eval.dataset is None:
+            raise ValueError("SFT on local data holds out no rows itself: set eval.dataset")
 
 
 class SFT(Run):
@@ -65,8 +67,6 @@ class SFT(Run):
         return []
 
     def training_task(self) -> ReasoningGymConfig:
-        if self.cfg.data.source != "reasoning_gym":
-            raise ValueError("SFT on local data: set eval.dataset (the held-out task) or eval=0")
         return self.cfg.data.reasoning_gym
 
     async def run(self) -> None:

@@ -1,24 +1,52 @@
-"""ReferenceModel: a frozen model that scores completions, for the KL term or as a teacher."""
+"""ReferenceModel: a frozen model that scores completions, for the KL term or as a teacher.
+
+Two backends compute the same numbers, log p(token | everything before it):
+    titan  a torchtitan forward pass in this process, padded batches of `max_batch` sequences.
+    vllm   a vLLM engine asked for prompt logprobs (forge.actors.vllm_scorer): faster on a
+           serving stack, temperature 1 only (vLLM's prompt logprobs are raw).
+"""
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from monarch.actor import endpoint
 
+from forge.actors.vllm_scorer import VLLMScorer, check_temperature
 from forge.controller import ForgeActor, retry_safe
 from forge.data.collate import gather_tokens, pad_sequences
 from forge.models import resolve_model
 from forge.models.titan import load_pretrained, token_logprobs
 
+BACKENDS = ("titan", "vllm")
+
 
 @dataclass
 class ReferenceConfig:
-    """The frozen model, and the temperature its logprobs are taken at (the generator's)."""
+    """The frozen model, and the temperature its logprobs are taken at (the generator's).
+
+    Args:
+        backend: "titan" (a torchtitan forward pass) or "vllm" (a vLLM engine's prompt
+            logprobs; temperature must be 1.0).
+        max_batch: titan: sequences per forward pass, bounds memory; vllm: unused (the
+            engine schedules every pair at once, up to `max_num_seqs`).
+        max_model_len, max_num_seqs, kv_cache_mb: vllm engine settings.
+    """
 
     model: str = "SmolLM2-135M-Instruct"
     temperature: float = 1.0
-    max_batch: int = 16  # sequences per forward pass: bounds memory
+    max_batch: int = 16
+    backend: Literal["titan", "vllm"] = "titan"
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    kv_cache_mb: int | None = 256
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "vllm":
+            check_temperature(self.temperature)
 
 
 class ReferenceModel(ForgeActor):
@@ -27,16 +55,31 @@ class ReferenceModel(ForgeActor):
     def __init__(self, cfg: ReferenceConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg or ReferenceConfig()
+        self.scorer: VLLMScorer | None = None
+        self.model: Any = None
 
     @endpoint
     async def setup(self) -> None:
-        self.model = await asyncio.to_thread(load_pretrained, resolve_model(self.cfg.model))
+        cfg = self.cfg
+        if cfg.backend == "vllm":
+            self.scorer = VLLMScorer(
+                cfg.model,
+                temperature=cfg.temperature,
+                max_model_len=cfg.max_model_len,
+                max_num_seqs=cfg.max_num_seqs,
+                kv_cache_mb=cfg.kv_cache_mb,
+            )
+            await self.scorer.start()
+            return
+        self.model = await asyncio.to_thread(load_pretrained, resolve_model(cfg.model))
         self.model.requires_grad_(False)
 
     @endpoint
     @retry_safe
     async def logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """For each (prompt ids, completion ids): the logprob of every completion token."""
+        if self.scorer is not None:
+            return await self.scorer.logprobs(pairs)
         return await asyncio.to_thread(self._logprobs, pairs)
 
     def _logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -47,3 +90,8 @@ class ReferenceModel(ForgeActor):
                 logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
             out.extend(gather_tokens(logprobs, mask))
         return out
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = None

@@ -1,4 +1,5 @@
-"""Offline model checkpoints: SmolLM2-135M-Instruct converted from GGUF, tiny random models."""
+"""Offline model checkpoints: SmolLM2-135M-Instruct converted from GGUF, tiny random models,
+layer-pruned copies."""
 
 from forge.models.assets import (
     DEFAULT_MODEL,
@@ -8,5 +9,15 @@ from forge.models.assets import (
     smollm2,
     tiny_model,
 )
+from forge.models.prune import PrunedModel, prune_layers
 
-__all__ = ["DEFAULT_MODEL", "TINY_FAMILIES", "models_dir", "resolve_model", "smollm2", "tiny_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "TINY_FAMILIES",
+    "PrunedModel",
+    "models_dir",
+    "prune_layers",
+    "resolve_model",
+    "smollm2",
+    "tiny_model",
+]

@@ -1,7 +1,7 @@
 """The distillation app end to end, through `python -m forge run`, on real processes and vLLM.
 
-Tiny-model runs check the machinery (sync == async at max_policy_age 0, a killed teacher
-replica); the SmolLM2 run checks that a pruned student learns from its teacher.
+Tiny models, seconds per step: sync == async at max_policy_age 0, a killed teacher replica.
+(Whether a SmolLM2 student learns is not tested here yet: see the distillation notes in the README.)
 """
 
 import os
@@ -10,7 +10,6 @@ import signal
 import pytest
 from helper_runs import (
     complete_groups,
-    evals,
     finish,
     forge_run,
     metrics,
@@ -26,26 +25,6 @@ TINY = "configs/distillation/tiny_cpu.yaml"
 
 def distill(config: str, run_dir, *overrides: str):
     return forge_run("distillation", config, run_dir, *overrides)
-
-
-def test_a_pruned_student_learns_from_its_teacher_on_smollm2(tmp_path):
-    """`make distill`'s config, fewer steps.
-
-    THRESHOLD
-    """
-    run_dir = tmp_path / "learn"
-    overrides = (
-        "steps=12",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
-        "eval.interval=12",
-    )
-    finish(distill("configs/distillation/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
-    kl = [m["train/reverse_kl"] for m in metrics(run_dir)]
-    scores = [r["rewards"]["reasoning_gym"] for r in evals(run_dir, "reward")]
-    print(f"reverse KL per step: {[round(k, 3) for k in kl]}; held-out greedy score {scores}")
-    assert sum(kl[-3:]) / 3 < 0.5 * sum(kl[:3]) / 3
-    assert scores[-1] > scores[0]
 
 
 def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
@@ -68,7 +47,7 @@ def test_a_killed_teacher_replica_loses_no_episode_and_scores_none_twice(tmp_pat
     proc = distill(
         TINY,
         run_dir,
-        "steps=30",
+        "steps=16",
         "export_hf=false",
         "teacher_resources.num_replicas=2",
         "teacher_resources.env.FORGE_TEST_ROLE=teacher",
@@ -86,5 +65,5 @@ def test_a_killed_teacher_replica_loses_no_episode_and_scores_none_twice(tmp_pat
     assert max(m.get("teacher/deaths", 0) for m in steps) >= 1
     assert max(m.get("teacher/recoveries", 0) for m in steps) >= 1
     assert not any(m.get("rollout/failed_groups") for m in steps)
-    assert sum(len(s["episodes"]) for s in trained(run_dir)) == 30 * 8  # every step full
+    assert sum(len(s["episodes"]) for s in trained(run_dir)) == 16 * 8  # every step full
     complete_groups(run_dir, 4, steps)
