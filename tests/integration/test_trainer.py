@@ -76,7 +76,9 @@ async def test_fsdp_over_two_processes_equals_one_process(tmp_path, cleanup):
     await one.push_weights.call_one(0)
     m1 = await one.train_step.call_one([batch])
     m2 = (await two.train_step.call([batch[:4], batch[4:]])).item(procs=0)
-    assert abs(m1["loss"] - m2["loss"]) < 1e-5 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-5
+    # Relative for the norm (~19 here): float32 summation order alone differs by ~1e-6 of it.
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=2e-6)
     await one.push_weights.call_one(1)
     await two.push_weights.call(1)
     w1 = await SharedMemoryTransport(tmp_path / "one").fetch(1)
