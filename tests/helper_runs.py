@@ -1,9 +1,12 @@
 """Running an app end to end through `python -m forge run`, and reading its run folder."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -64,6 +67,22 @@ def _descendants(driver: int) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass  # ended meanwhile
     return alive
+
+
+def kill_one_mid_run(
+    proc: subprocess.Popen, run_dir: Path, find: Callable[[int], list[int]], expected: int
+) -> None:
+    """After 3 steps, SIGKILLs the first of the `expected` processes `find(driver pid)`
+    returns, then waits for the run to finish; the driver is killed if the test fails."""
+    try:
+        wait_for_steps(proc, run_dir, 3)
+        victims = find(proc.pid)
+        assert len(victims) == expected, victims
+        os.kill(victims[0], signal.SIGKILL)
+        finish(proc, run_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 300):

@@ -72,14 +72,17 @@ class SFT(Run):
     async def run(self) -> None:
         start = time.perf_counter()
         if self.evaluator is not None:
+            t, d = self.tokenizer, self.cfg.data
+            self.held_out = [
+                sft_episode(tokenize_row(row, t, d.answer_template), f"eval-{i}")
+                for i, row in enumerate(self.evaluator.rows)
+            ]
             await self.eval_loss(0)  # the base model's held-out loss
         for step in range(self.first_step, self.last_step + 1):
             batch = next(self.batches)
             episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
             record_metric("train/padding_fraction", padding_fraction(episodes))
-            metrics = await self.train(_split(episodes, self.world))
-            for name, value in metrics.items():
-                record_metric(f"train/{name}", value)
+            await self.train(_split(episodes, self.world))
             # The generators serve only the held-out eval: they get weights when it is due.
             if self.evaluator is not None and self._eval_due(step):
                 await self.publish(step)
@@ -88,12 +91,6 @@ class SFT(Run):
 
     async def eval_loss(self, step: int) -> float:
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""
-        if not hasattr(self, "held_out"):
-            t, d = self.tokenizer, self.cfg.data
-            self.held_out = [
-                sft_episode(tokenize_row(row, t, d.answer_template), f"eval-{i}")
-                for i, row in enumerate(self.evaluator.rows)
-            ]
         total = tokens = 0.0
         size = self.cfg.batch_size
         for i in range(0, len(self.held_out), size):

@@ -121,8 +121,6 @@ class RLLoop(Run):
         if self.cfg.mode == "async":  # episodes that left the buffer make room for rollouts
             await self.gate.consumed(_left_buffer(after) - _left_buffer(before))
         wall = time.perf_counter() - waited
-        for name, value in metrics.items():
-            record_metric(f"train/{name}", value)
         record_metric("train/idle_fraction", (start - waited) / wall)
         record_metric("train/step_s", wall)
         record_metric("buffer/size", after["size"])

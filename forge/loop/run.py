@@ -112,10 +112,13 @@ class Run:
     # --- each step ----------------------------------------------------------------------------
 
     async def train(self, batches: list[list[Episode]], **kwargs: Any) -> dict[str, float]:
-        """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics."""
-        metrics = await self.trainer.train_step.call(batches, **kwargs)
+        """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics,
+        also recorded under train/."""
+        metrics = (await self.trainer.train_step.call(batches, **kwargs)).item(procs=0)
         self.version += 1
-        return metrics.item(procs=0)
+        for name, value in metrics.items():
+            record_metric(f"train/{name}", value)
+        return metrics
 
     async def publish(self, step: int) -> None:
         """The trainer's weights, as `version`, to every generator; older versions deleted."""

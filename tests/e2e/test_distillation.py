@@ -4,18 +4,15 @@ Tiny models, seconds per step: sync == async at max_policy_age 0, a killed teach
 (Whether a SmolLM2 student learns is not tested here yet: see the distillation notes in the README.)
 """
 
-import os
-import signal
-
 import pytest
 from helper_runs import (
     complete_groups,
     finish,
     forge_run,
+    kill_one_mid_run,
     metrics,
     processes_with_env,
     trained,
-    wait_for_steps,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,15 +49,9 @@ def test_a_killed_teacher_replica_loses_no_episode_and_scores_none_twice(tmp_pat
         "teacher_resources.num_replicas=2",
         "teacher_resources.env.FORGE_TEST_ROLE=teacher",
     )
-    try:
-        wait_for_steps(proc, run_dir, 3)
-        teachers = processes_with_env(proc.pid, "FORGE_TEST_ROLE", "teacher")
-        assert len(teachers) == 2, teachers
-        os.kill(teachers[0], signal.SIGKILL)
-        finish(proc, run_dir)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_one_mid_run(
+        proc, run_dir, lambda pid: processes_with_env(pid, "FORGE_TEST_ROLE", "teacher"), 2
+    )
     steps = metrics(run_dir)
     assert max(m.get("teacher/deaths", 0) for m in steps) >= 1
     assert max(m.get("teacher/recoveries", 0) for m in steps) >= 1

@@ -4,7 +4,6 @@ Tiny-model runs check the machinery (sync == async at max_policy_age 0, survivin
 generator); the SmolLM2 run checks that GRPO learns the task `make grpo` trains on.
 """
 
-import os
 import signal
 
 import psutil
@@ -14,6 +13,7 @@ from helper_runs import (
     evals,
     finish,
     forge_run,
+    kill_one_mid_run,
     metrics,
     processes_of,
     trained,
@@ -84,16 +84,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
 def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path):
     run_dir = tmp_path / "kill"
     proc = grpo(TINY, run_dir, VOWELS, "steps=30", "generator_resources.num_replicas=2")
-    try:
-        wait_for_steps(proc, run_dir, 3)
-        # Generator actor processes: the parents of vLLM engine processes under the driver.
-        generators = [psutil.Process(p).ppid() for p in processes_of(proc.pid, "EngineCore")]
-        assert len(generators) == 2, generators
-        os.kill(generators[0], signal.SIGKILL)
-        finish(proc, run_dir)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_one_mid_run(proc, run_dir, _generator_processes, 2)
     steps = metrics(run_dir)
     assert max(m.get("generator/deaths", 0) for m in steps) >= 1
     assert max(m.get("generator/recoveries", 0) for m in steps) >= 1
@@ -102,6 +93,11 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
     complete_groups(run_dir, 4, steps)
     # Generator vs trainer logprobs of the same tokens under the same weights, every step.
     assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
+
+
+def _generator_processes(driver: int) -> list[int]:
+    """Generator actor processes: the parents of vLLM engine processes under the driver."""
+    return [psutil.Process(p).ppid() for p in processes_of(driver, "EngineCore")]
 
 
 def test_ctrl_c_writes_a_final_checkpoint_and_leaves_no_process(tmp_path):
