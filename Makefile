@@ -22,14 +22,16 @@ $(STAMP): pyproject.toml Makefile
 grpo: $(STAMP)
 	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_cpu.yaml $(ARGS)
 
+# The distillation config's teacher is `make sft`'s exported model: trained first if missing.
 distill: $(STAMP)
+	test -f runs/sft-smollm2-cpu/hf/config.json || $(MAKE) sft ARGS=
 	$(PY) -m forge run apps/distillation/main.py --config configs/distillation/smollm2_cpu.yaml $(ARGS)
 
 sft: $(STAMP)
 	$(PY) -m forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check forge apps bench tests

@@ -7,7 +7,7 @@ batch, placement and number of steps (the distillation config's). Trained tokens
 for rewards; distillation for the teacher's forward pass instead: the ratio shows how much of
 the loop's throughput the teacher takes.
 
-    python bench/distill_throughput.py [--config configs/distillation/smollm2_cpu.yaml]
+    python bench/distill_throughput.py [--config configs/distillation/pruned_student_cpu.yaml]
                                        [--steps 6] [k=v ...]
 """
 
@@ -78,7 +78,7 @@ def _plain(value: object) -> object:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/distillation/smollm2_cpu.yaml")
+    parser.add_argument("--config", default="configs/distillation/pruned_student_cpu.yaml")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     asyncio.run(main(parser.parse_args()))

@@ -129,9 +129,7 @@ class Generator(ForgeActor):
         await self.engine.update_weight_version(str(self.version))
         await self.engine.collective_rpc("forge_die_with_parent")
         self.transport = make_transport(cfg.transport)
-        self._staging = SharedMemoryTransport(
-            tempfile.mkdtemp(prefix="forge-staging-", dir=_shm_dir())
-        )
+        self._staging: SharedMemoryTransport | None = None  # torchstore only, made on first use
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -263,7 +261,8 @@ class Generator(ForgeActor):
             finally:
                 await self.engine.resume_generation()
         done = time.perf_counter()
-        await self._staging.delete(version)
+        if self._staging is not None:
+            await self._staging.delete(version)
         logger.info("weights v%d loaded (%s): paused %.3fs", version, mode, done - fetched)
         return {
             "mode": mode,
@@ -277,6 +276,10 @@ class Generator(ForgeActor):
         if isinstance(self.transport, SharedMemoryTransport):
             path, manifest = await self.transport.fetch_packed(version)
         else:
+            if self._staging is None:
+                self._staging = SharedMemoryTransport(
+                    tempfile.mkdtemp(prefix="forge-staging-", dir=_shm_dir())
+                )
             await self._staging.publish(version, await self.transport.fetch(version))
             path, manifest = await self._staging.fetch_packed(version)
         self._check_fits(manifest)

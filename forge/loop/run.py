@@ -192,4 +192,8 @@ class Run:
                 plot = plot_run(self.run_dir, self.plot_keys)
                 print(f"metrics: {self.run_dir / 'metrics.jsonl'}\nplot: {plot}", flush=True)
         finally:
-            await shutdown()
+            try:
+                if hasattr(self, "transport"):  # shared memory is the machine's, not the run's
+                    await self.transport.clear()
+            finally:
+                await shutdown()

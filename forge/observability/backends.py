@@ -14,7 +14,7 @@ from typing import Literal, Protocol, TextIO
 
 from tqdm import tqdm
 
-from forge.observability.progress import ProgressBar
+from forge.observability.progress import ProgressBar, short_names
 
 # A handful of numbers worth a glance every step; the rest go to the files only.
 CONSOLE_KEYS = ("rollout/reward", "train/loss", "train/mismatch_kl", "generator/tokens_per_s")
@@ -74,20 +74,19 @@ def build_backends(cfg: MetricsConfig, run_dir: str | Path) -> list[Backend]:
 class ConsoleBackend:
     """One compact line per step: `step 12 | reward 0.531 | loss 0.0123 | ...`.
 
-    Each key shows under its last "/" component, with four significant digits. Lines go
+    Each key shows under its `short_names` name, with four significant digits. Lines go
     through `tqdm.write`, so they print above a progress bar instead of breaking it.
     """
 
     def __init__(self, keys: Sequence[str] = CONSOLE_KEYS, file: TextIO | None = None) -> None:
         self.keys = tuple(keys)
+        self.names = short_names(self.keys)
         self.file = file
 
     def format(self, step: int, metrics: Mapping[str, float]) -> str:
         """The line for one step (without a newline)."""
         parts = [f"step {step}"]
-        parts += [
-            f"{key.rsplit('/', 1)[-1]} {metrics[key]:.4g}" for key in self.keys if key in metrics
-        ]
+        parts += [f"{self.names[key]} {metrics[key]:.4g}" for key in self.keys if key in metrics]
         return " | ".join(parts)
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:

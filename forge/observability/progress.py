@@ -6,6 +6,15 @@ from typing import TextIO
 from tqdm import tqdm
 
 
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Each key's name on the console: its last "/" component, unless two keys share that
+    (train/loss and eval/loss), then the whole key."""
+    last = [key.rsplit("/", 1)[-1] for key in keys]
+    return {
+        key: name if last.count(name) == 1 else key for key, name in zip(keys, last, strict=True)
+    }
+
+
 class ProgressBar:
     """Advances one step per `log`; shows the step and the first two of `keys` present.
 
@@ -23,6 +32,7 @@ class ProgressBar:
     ) -> None:
         """`disable=None` hides the bar when `file` is not a terminal (tqdm's rule)."""
         self.keys = tuple(keys)
+        self.names = short_names(self.keys)
         self._bar = tqdm(total=total, desc=desc, file=file, disable=disable, dynamic_ncols=True)
 
     @property
@@ -31,7 +41,7 @@ class ProgressBar:
         return self._bar.n
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float = 0.0) -> None:
-        shown = {k.rsplit("/", 1)[-1]: metrics[k] for k in self.keys if k in metrics}
+        shown = {self.names[k]: metrics[k] for k in self.keys if k in metrics}
         postfix = {name: f"{value:.4g}" for name, value in list(shown.items())[:2]}
         self._bar.set_postfix({"step": step, **postfix}, refresh=False)
         self._bar.update(1)

@@ -128,6 +128,21 @@ class SharedMemoryTransport:
             os.replace(folder / "tensors.bin", self.root / "free" / f"{uuid.uuid4().hex}.bin")
         shutil.rmtree(folder, ignore_errors=True)
 
+    async def clear(self) -> None:
+        """Removes the whole root, free files included, and the parents it emptied (a root
+        named after a run folder nests: /dev/shm/forge-runs/grpo)."""
+        await asyncio.to_thread(self._clear)
+
+    def _clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        for parent in self.root.parents:
+            if os.path.ismount(parent):
+                return
+            try:
+                parent.rmdir()
+            except OSError:  # not empty: another run's, or not ours
+                return
+
     async def versions(self) -> list[int]:
         """Versions with a manifest, oldest first."""
         if not self.root.exists():

@@ -64,6 +64,11 @@ class TorchStoreTransport:
         for e in manifest.tensors:
             await ts.delete(self._key(version, f"tensors/{e.name}"))
 
+    async def clear(self) -> None:
+        """Deletes every version under the prefix."""
+        for version in await self.versions():
+            await self.delete(version)
+
     async def versions(self) -> list[int]:
         """Versions with a manifest, oldest first."""
         # torchstore 0.1.2's keys(prefix) matches nothing: filter the full list here.

@@ -52,6 +52,10 @@ class WeightTransport(Protocol):
         """The complete versions (those with a manifest), oldest first."""
         ...
 
+    async def clear(self) -> None:
+        """Removes every version and whatever is kept for reuse: the run's end."""
+        ...
+
 
 def make_transport(cfg: TransportConfig) -> WeightTransport:
     """The transport `cfg` names."""

@@ -6,7 +6,8 @@ from helper_runs import evals, finish, forge_run, metrics
 pytestmark = pytest.mark.integration
 
 
-def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(tmp_path):
+@pytest.mark.timeout(900)
+def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(sft_smollm2):
     """`make sft`'s config, fewer steps. The score is the config's reward: reasoning-gym
     correctness + the answer format (`<answer>` tags), each up to 1.
 
@@ -17,14 +18,7 @@ def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(tmp_path)
     asks the loss to halve and the reward to gain 0.5, about half the gain measured, and
     correctness to stay within 0.2 of the base's.
     """
-    run_dir = tmp_path / "learn"
-    overrides = (
-        "steps=12",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
-        "eval.interval=12",
-    )
-    finish(forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
+    run_dir = sft_smollm2
     losses = [r["loss"] for r in evals(run_dir, "loss")]
     rewards = evals(run_dir, "reward")
     print(f"held-out loss {losses}, held-out greedy reward {rewards}")

@@ -190,6 +190,9 @@ async def test_weight_versions_over_torchstore(users: StoreUser) -> None:
 
     assert await deadline(delete_older_than(transport, 2)) == [1]
     assert await deadline(transport.versions()) == [2]
+    await deadline(transport.clear())
+    assert await deadline(transport.versions()) == []
+    assert not [k for k in await deadline(tsc.keys()) if k.startswith("weights-test/")]
 
 
 def test_shim_is_installed_once() -> None:

@@ -207,6 +207,12 @@ def test_console_prints_one_short_line_of_the_chosen_keys():
     assert out.getvalue() == "step 3 | reward 0.5312 | loss 1.234e-07\n"
 
 
+def test_console_names_keys_that_share_a_last_part_in_full():
+    console = ConsoleBackend(["train/loss", "eval/loss", "eval/reward"])
+    line = console.format(2, {"train/loss": 1.5, "eval/loss": 0.5, "eval/reward": 1.0})
+    assert line == "step 2 | train/loss 1.5 | eval/loss 0.5 | reward 1"
+
+
 async def test_tensorboard_writes_event_files_when_enabled(tmp_path):
     pytest.importorskip("tensorboard")
     logger = MetricLogger.from_config(tmp_path, MetricsConfig(console=False, tensorboard=True))

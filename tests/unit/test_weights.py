@@ -94,3 +94,15 @@ async def test_a_deleted_versions_file_is_rewritten_by_the_next_publish(transpor
     got = await transport.fetch(2)
     assert all(torch.equal(got[k], v) for k, v in state_dict(2).items())
     assert await transport.versions() == [2]
+
+
+async def test_clear_leaves_nothing_in_shared_memory(tmp_path):
+    (tmp_path / "runs" / "other").mkdir(parents=True)  # a sibling that is not ours stays
+    transport = SharedMemoryTransport(tmp_path / "runs" / "nested" / "run")
+    for version in (1, 2):
+        await transport.publish(version, state_dict(version))
+    await transport.delete(1)  # its file waits in free/ for the next publish
+    await transport.clear()
+    assert not (tmp_path / "runs" / "nested").exists()
+    assert (tmp_path / "runs" / "other").exists()
+    assert await transport.versions() == []
