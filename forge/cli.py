@@ -1,11 +1,13 @@
 """The `forge` command line (also `python -m forge`).
 
-    forge run APP_PATH [--config FILE] [key=value ...]
+    forge run APP_PATH [--config FILE] [--verbose] [key=value ...]
 
 runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
 `async def`, whose first parameter is annotated with the app's config dataclass. The config is
 loaded from FILE and the overrides (see forge.config) before main is called, so a bad config
-fails with one line before any process starts.
+fails with one line before any process starts. When the config has a `run_dir`, everything
+but forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
+<run_dir>/forge.log unless `--verbose`.
 """
 
 import argparse
@@ -22,6 +24,7 @@ from typing import Any, NoReturn, get_type_hints
 import cloudpickle
 
 from forge.config import ConfigError, load_config
+from forge.observability.console import capture_to, say
 
 # The name an app file is imported under: apps/ is not a package, so it has no dotted name.
 APP_MODULE = "forge_app"
@@ -42,13 +45,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", required=True)
     run = commands.add_parser(
         "run",
-        usage="forge run APP_PATH [--config FILE] [key=value ...]",
+        usage="forge run APP_PATH [--config FILE] [--verbose] [key=value ...]",
         help="run an app with its config",
         description="Load the config, then call main(cfg) of the app file.",
         epilog="key=value overrides take dotted keys (trainer.lr=1e-4), parsed as yaml.",
     )
     run.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
     run.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every library's output here too, instead of only in <run_dir>/forge.log",
+    )
     run.set_defaults(command=_run)
     return parser
 
@@ -57,6 +65,25 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
     app_main, schema = load_app(args.app)
     cfg = load_config(schema, args.config, overrides)
+    run_dir = getattr(cfg, "run_dir", None)
+    if run_dir is None or args.verbose:
+        _call(app_main, cfg)
+        return
+    log = Path(run_dir) / "forge.log"
+    say(f"forge run {args.app} --config {args.config} | library output: {log}")
+    capture_to(log)
+    try:
+        _call(app_main, cfg)
+    except BaseException as e:  # the traceback goes to the log; the console gets its gist
+        first = (str(e).splitlines() or [""])[0]
+        say(
+            f"forge: run {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
+            f"{type(e).__name__}{': ' + first if first else ''} (details: {log})"
+        )
+        raise
+
+
+def _call(app_main: Callable[[Any], Any], cfg: Any) -> None:
     result = app_main(cfg)
     if inspect.iscoroutine(result):
         asyncio.run(result)

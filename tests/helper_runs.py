@@ -24,10 +24,13 @@ def forge_run(app: str, config: str, run_dir: Path, *overrides: str) -> subproce
 
 
 def finish(proc: subprocess.Popen, run_dir: Path, timeout: float = 900) -> None:
-    """Waits for the run and fails with the end of its log unless it exited 0."""
+    """Waits for the run and fails with the end of its console output and of its library log
+    (run_dir/forge.log) unless it exited 0."""
     code = proc.wait(timeout=timeout)
-    log = (run_dir.parent / f"{run_dir.name}.log").read_text()
-    assert code == 0, log[-4000:]
+    console = (run_dir.parent / f"{run_dir.name}.log").read_text()
+    library = run_dir / "forge.log"
+    log = library.read_text()[-3000:] if library.exists() else ""
+    assert code == 0, f"{log}\n--- console ---\n{console[-1500:]}"
 
 
 def jsonl(path: Path) -> list[dict]:

@@ -7,7 +7,7 @@
 The engine core runs in its own process (vLLM's AsyncLLM), so the actor's event loop stays free
 to accept requests and weight updates while it generates. A weight update fetches and verifies
 the new version while generation goes on; only the swap pauses the engine, in one of three
-modes (DESIGN.md, Contracts): `drain`, `abort` (resubmit prompt + tokens so far) or `inflight`.
+modes (docs/architecture.md): `drain`, `abort` (resubmit prompt + tokens so far) or `inflight`.
 """
 
 import asyncio

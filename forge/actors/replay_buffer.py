@@ -7,7 +7,7 @@
 The logic lives in `EpisodeBuffer`, a plain class tested without processes; `ReplayBuffer` is
 the actor around it. An episode's age is `curr_policy_version - episode.policy_version` (the
 oldest policy that sampled any of its tokens); episodes older than `max_policy_age` are dropped
-before every sample, so the trainer never sees them (DESIGN.md, Contracts on off-policy data).
+before every sample, so the trainer never sees them (docs/architecture.md, staleness).
 `max_policy_age: 0` is sync mode: only episodes of the current version are trainable.
 """
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.observability import Reduce, record_metric
+from forge.observability.console import say
 
 
 class Evaluator:
@@ -57,7 +58,7 @@ class Evaluator:
             await self.evaluate(step, version)
         except Exception as e:
             record_metric("eval/failed", 1, Reduce.SUM)
-            print(f"eval of version {version} failed: {(str(e).splitlines() or [repr(e)])[0]}")
+            say(f"eval of version {version} failed: {(str(e).splitlines() or [repr(e)])[0]}")
 
     async def evaluate(self, step: int, version: int) -> dict[str, Any]:
         """Answers every row greedily and scores the answers; records and returns the result."""

@@ -22,6 +22,7 @@ from forge.data.episode import Episode
 from forge.loop.config import RLConfig
 from forge.loop.run import Run
 from forge.observability import Reduce, record_metric
+from forge.observability.console import say
 
 MAX_FAILURES_IN_A_ROW = 10
 
@@ -82,7 +83,7 @@ class RLLoop(Run):
                 record_metric("rollout/failed_groups", 1, Reduce.SUM)
                 failures += 1
                 message = str(e).splitlines()[0] if str(e) else repr(e)
-                print(f"rollout of group {group} failed ({failures} in a row): {message}")
+                say(f"rollout of group {group} failed ({failures} in a row): {message}")
                 if failures >= MAX_FAILURES_IN_A_ROW:
                     raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from e
                 await asyncio.sleep(min(2.0**failures, 30.0))

@@ -27,10 +27,10 @@ from forge.actors.trainer import TitanTrainer
 from forge.controller import init_provisioner, shutdown
 from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
 from forge.data.episode import Episode
-from forge.loop.config import RunConfig
+from forge.loop.config import Resources, RunConfig
 from forge.loop.evaluation import Evaluator
 from forge.observability import MetricLogger, Reduce, plot_run, record_metric
-from forge.weights import torchstore_compat
+from forge.observability.console import say
 from forge.weights.transport import delete_older_than, make_transport
 
 
@@ -56,8 +56,12 @@ class Run:
     async def start(self) -> None:
         """Spawns every actor, brings the generators to a resumed trainer's weights."""
         cfg = self.cfg
+        say(self.summary())
         init_provisioner(cfg.provisioner)
         if cfg.trainer.transport.kind == "torchstore":
+            # Imported only here: torchstore prints a warning on import, before any log exists.
+            from forge.weights import torchstore_compat
+
             await torchstore_compat.initialize()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "eval.jsonl"):  # a new run, a new curve
@@ -76,7 +80,7 @@ class Run:
         sources = [self.generator, self.trainer, self.reward, *await self.start_services()]
         self.transport = make_transport(cfg.trainer.transport)
         # Versions an earlier run left behind must not be mistaken for this run's.
-        await delete_older_than(self.transport, 2**62)
+        await self.transport.clear()
         # A trainer that resumed a checkpoint is ahead of the generators' base weights.
         self.world = self.cfg.trainer_resources.procs  # data-parallel ranks (one host)
         self.version = (await self.trainer.get_step.call()).item(procs=0)
@@ -93,6 +97,14 @@ class Run:
                 rows, self.generator, self.reward, cfg.eval.max_tokens, self.run_dir / "eval.jsonl"
             )
             self.evaluator.start(0, self.version)  # the starting point, to compare against
+
+    def summary(self) -> str:
+        """The start-up line: what trains, on which processes, where the run is written."""
+        g, t = self.cfg.generator_resources, self.cfg.trainer_resources
+        return (
+            f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | "
+            f"generator {_placement(g)} | trainer {_placement(t)} | run folder {self.run_dir}"
+        )
 
     async def start_services(self) -> list[Any]:
         """Spawns the app's own actors; returns those whose metrics the logger should pull."""
@@ -181,19 +193,28 @@ class Run:
         """Final checkpoint (if configured), HF export, metrics, plot; every process stopped."""
         try:
             if hasattr(self, "logger"):  # started: there is something to save and show
+                self.logger.close()  # the progress bar first, so the lines below stay whole
+                self.trained_log.close()
                 if self.cfg.trainer.checkpoint.folder:
                     await self.trainer.save_checkpoint.call()
+                    say(f"checkpoint: {self.cfg.trainer.checkpoint.folder}")
                 if self.cfg.export_hf:
-                    export = str(self.run_dir / "hf")
-                    await self.trainer.export_hf.call(export)
-                    print(f"model: {export}", flush=True)
-                self.logger.close()
-                self.trained_log.close()
+                    export = self.run_dir / "hf"
+                    await self.trainer.export_hf.call(str(export))
+                    say(f"model: {export}")
                 plot = plot_run(self.run_dir, self.plot_keys)
-                print(f"metrics: {self.run_dir / 'metrics.jsonl'}\nplot: {plot}", flush=True)
+                say(f"metrics: {self.run_dir / 'metrics.jsonl'}\nplot: {plot}")
         finally:
             try:
                 if hasattr(self, "transport"):  # shared memory is the machine's, not the run's
                     await self.transport.clear()
             finally:
                 await shutdown()
+
+
+def _placement(r: Resources) -> str:
+    """`2 replicas x 1 proc (1 core each)`, `2 procs (GPUs)`, `1 proc (any core)`."""
+    cores = f"{r.cpus_per_proc} core{'s' if r.cpus_per_proc > 1 else ''} each"
+    where = "GPUs" if r.with_gpus else cores if r.cpus_per_proc else "any core"
+    replicas = f"{r.num_replicas} replicas x " if r.num_replicas > 1 else ""
+    return f"{replicas}{r.procs} proc{'s' if r.procs > 1 else ''} ({where})"

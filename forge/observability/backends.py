@@ -6,7 +6,6 @@ when enabled.
 """
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Literal, Protocol, TextIO
 
 from tqdm import tqdm
 
+from forge.observability.console import console
 from forge.observability.progress import ProgressBar, short_names
 
 # A handful of numbers worth a glance every step; the rest go to the files only.
@@ -59,7 +59,9 @@ def build_backends(cfg: MetricsConfig, run_dir: str | Path) -> list[Backend]:
     run_dir = Path(run_dir)
     backends: list[Backend] = [JsonlBackend(run_dir / "metrics.jsonl")]
     if cfg.progress_total is not None:
-        backends.append(ProgressBar(cfg.progress_total, keys=cfg.console_keys))
+        # On a terminal only: in a pipe or a SLURM log the step lines say the same.
+        bar = ProgressBar(cfg.progress_total, cfg.console_keys, file=console(), disable=None)
+        backends.append(bar)
     if cfg.console:
         backends.append(ConsoleBackend(cfg.console_keys))
     if cfg.tensorboard:
@@ -90,7 +92,7 @@ class ConsoleBackend:
         return " | ".join(parts)
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
-        tqdm.write(self.format(step, metrics), file=self.file or sys.stdout)
+        tqdm.write(self.format(step, metrics), file=self.file or console())
 
     def close(self) -> None:
         pass

@@ -4,12 +4,16 @@ Tiny-model runs check the machinery (sync == async at max_policy_age 0, survivin
 generator); the SmolLM2 run checks that GRPO learns the task `make grpo` trains on.
 """
 
+import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 from helper_runs import (
+    ROOT,
     complete_groups,
     evals,
     finish,
@@ -96,6 +100,32 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
     complete_groups(run_dir, 4, steps)
     # Generator vs trainer logprobs of the same tokens under the same weights, every step.
     assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
+
+
+def test_console_shows_forge_lines_only_and_the_log_file_the_rest(tmp_path):
+    run_dir = tmp_path / "quiet"
+    cmd = [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", TINY]
+    cmd += [f"run_dir={run_dir}", VOWELS, "steps=3", "export_hf=false"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (run_dir / "forge.log").read_text()[-3000:]
+    lines = out.stdout.splitlines()
+    for bad in ("fault", "Traceback", "MeshFailure"):
+        assert bad not in out.stdout + out.stderr, bad
+    library = [
+        line for line in lines if re.search(r"(?i)warning|\bINFO\b|EngineCore|monarch|vllm", line)
+    ]
+    assert not library, library
+    assert [line.split(" |")[0] for line in lines if line.startswith("step ")] == [
+        "step 1",
+        "step 2",
+        "step 3",
+    ]
+    assert lines[-2:] == [
+        f"metrics: {run_dir / 'metrics.jsonl'}",
+        f"plot: {run_dir / 'metrics.png'}",
+    ]
+    log = (run_dir / "forge.log").read_text()
+    assert "EngineCore" in log and "WARNING" in log  # vLLM's engine process wrote there
 
 
 def _generator_processes(driver: int) -> list[int]:

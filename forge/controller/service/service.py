@@ -8,7 +8,7 @@
     await gen.scale(4)
 
 The service lives in the caller's process, so routing adds no network hop. Failures follow
-DESIGN.md: endpoint errors reach the caller and the replica keeps serving; a replica whose
+this rule: endpoint errors reach the caller and the replica keeps serving; a replica whose
 process dies is respawned in the background, set up, passed through `on_recover` and only then
 given traffic; a call it was running is retried once elsewhere if the endpoint is `retry_safe`.
 """
