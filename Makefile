@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 
-.PHONY: install grpo distill sft test lint demo bench clean
+.PHONY: install grpo distill sft test lint demo bench lab clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) apps/demo/services.py
+
+# JupyterLab on notebooks/; its "Python 3" kernel is this venv's Python.
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
 
 bench: $(STAMP)
 	$(PY) bench/service_overhead.py

@@ -17,6 +17,7 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.placement import HostDevices, Placement, place, proc_env, release
+from forge.controller.monarch_compat import stop_proc_mesh
 from forge.controller.slurm_compat import patch_slurm_job
 
 logger = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class Provisioner:
         if entry is None:
             return
         try:
-            await mesh.stop()
+            await stop_proc_mesh(mesh)
         except Exception as e:  # a dead mesh may refuse to stop; its devices are free anyway
             logger.info("stopping a failed proc mesh: %s", str(e).splitlines()[0])
         finally:

@@ -1,0 +1,39 @@
+"""Starting actors from notebook cells that may run again.
+
+A cell that spawns a service and is run twice would leave the first service's processes behind.
+`replace(name, spawn)` stops what an earlier run of the cell started under `name` first:
+
+    workers = await replace("workers", Worker.options(num_replicas=2).as_service())
+
+Processes do not outlive the kernel: Monarch's processes exit with the process that started
+them, and vLLM engines with their generator.
+"""
+
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from forge.controller.provisioner import get_provisioner
+from forge.controller.service import Service
+
+T = TypeVar("T")
+
+_started: dict[str, Any] = {}
+
+
+async def replace(name: str, spawn: Awaitable[T]) -> T:
+    """Stops what was started under `name` (if anything), then awaits `spawn` and keeps its
+    result under `name`."""
+    await stop(name)
+    _started[name] = handle = await spawn
+    return handle
+
+
+async def stop(name: str) -> None:
+    """Stops the service or actor started under `name`; nothing if there is none."""
+    handle = _started.pop(name, None)
+    if isinstance(handle, Service):
+        await handle.shutdown()
+    elif handle is not None:
+        with contextlib.suppress(ValueError):  # already stopped, by shutdown() for one
+            await get_provisioner().stop_actor(handle)

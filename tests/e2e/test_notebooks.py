@@ -1,0 +1,102 @@
+"""The notebooks under notebooks/ run top to bottom in a real Jupyter kernel (this venv's
+Python), leave no process behind, and survive an interrupted cell."""
+
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from helper_runs import ROOT
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FIRST = ROOT / "notebooks" / "01_actors_and_services.ipynb"
+
+
+def test_notebooks_are_committed_without_outputs():
+    assert NOTEBOOKS
+    for path in NOTEBOOKS:
+        cells = json.loads(path.read_text())["cells"]
+        code = [c for c in cells if c["cell_type"] == "code"]
+        assert all(not c["outputs"] and c["execution_count"] is None for c in code), path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path):
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources=_in(ROOT))
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError naming the cell that failed
+    print(f"{path.name}: {time.perf_counter() - start:.0f} s")
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors
+
+
+def _in(folder: Path) -> dict:
+    return {"metadata": {"path": str(folder)}}
+
+
+def _code_cells(path: Path) -> list[str]:
+    return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+def _run(client, code: str, timeout: float = 300) -> dict:
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return reply
+
+
+@pytest.fixture
+def kernel():
+    """A kernel started in the repository root; its descendants are checked by the tests."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    yield manager, client
+    client.stop_channels()
+    if manager.is_alive():
+        manager.shutdown_kernel(now=True)
+
+
+def test_shutting_the_kernel_down_leaves_no_process(kernel):
+    manager, client = kernel
+    cells = _code_cells(FIRST)
+    for code in cells[:3]:  # the actor class, one actor, a 2-replica service
+        _run(client, code)
+    _run(client, cells[2])  # run again: replaces the service instead of adding one
+    children = psutil.Process(manager.provisioner.process.pid).children(recursive=True)
+    assert len(children) >= 3, children
+    manager.shutdown_kernel(now=False)
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
+    manager, client = kernel
+    cells = _code_cells(FIRST)
+    for code in cells[:3]:
+        _run(client, code)
+    kernel_pid = manager.provisioner.process.pid
+    long_cell = client.execute("while True:\n    await workers.work.route(1, seconds=0.2)")
+    _wait_until_busy(client)
+    time.sleep(1.0)  # let a few calls run: the interrupt lands mid-call
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == long_cell
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] in ("KeyboardInterrupt", "CancelledError")
+    _run(client, "assert (await workers.work.route(3))[1] == 9")
+    children = psutil.Process(kernel_pid).children(recursive=True)
+    _run(client, "await shutdown()")
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def _wait_until_busy(client) -> None:
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
+            return
