@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
-from forge.controller.placement import HostDevices, Placement, place, proc_env, release
 from forge.controller.monarch_compat import stop_proc_mesh
+from forge.controller.placement import HostDevices, Placement, place, proc_env, release
 from forge.controller.slurm_compat import patch_slurm_job
 
 logger = logging.getLogger(__name__)
