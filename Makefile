@@ -34,8 +34,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q --durations=25 tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check forge apps bench tests
-	$(VENV)/bin/ruff format --check forge apps bench tests
+	$(VENV)/bin/ruff check forge apps bench tests notebooks
+	$(VENV)/bin/ruff format --check forge apps bench tests notebooks
 
 demo: $(STAMP)
 	$(PY) apps/demo/services.py

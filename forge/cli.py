@@ -93,7 +93,7 @@ def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
     """The `main` of the app file at `path`, and the config dataclass its first parameter takes."""
     if path.suffix != ".py" or not path.is_file():
         _fail(f"error: {path}: not a python file")
-    app_main = getattr(_import_file(path), "main", None)
+    app_main = getattr(import_app(path), "main", None)
     if not callable(app_main):
         _fail(f"error: {path}: defines no main(cfg)")
     params = list(inspect.signature(app_main).parameters)
@@ -103,8 +103,9 @@ def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
     return app_main, schema
 
 
-def _import_file(path: Path) -> ModuleType:
-    """Import the python file at `path` as module APP_MODULE."""
+def import_app(path: str | Path) -> ModuleType:
+    """Imports the app file at `path` (as module APP_MODULE), e.g. to build its objects in a
+    notebook: `grpo = import_app("apps/grpo/main.py"); run = grpo.GRPO(cfg)`."""
     spec = importlib.util.spec_from_file_location(APP_MODULE, path)
     assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)

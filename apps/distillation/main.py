@@ -7,16 +7,20 @@ The loop is forge.loop's (asynchronous by default, staleness bounded by the admi
 `trainer.loss.is_correction: tis` reweights samples of an older generator). What makes it
 distillation is `score`: a teacher service (replicas, retry-safe; a torchtitan forward pass or
 vLLM prompt logprobs, `teacher.backend`) returns log q of every sampled token, and the trainer's
-`distill` objective turns log p - log q into per-token advantages.
+`distill` objective turns log p - log q into per-token advantages; or, with `teacher_top_k`, the
+teacher's k most likely tokens at every position too, and the objective computes each
+position's KL over them instead of estimating it from the one sampled token.
 """
 
 import time
 from dataclasses import dataclass, field
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
+from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
 from forge.data import Completion, Episode
 from forge.loop import Resources, RLConfig, RLLoop
 from forge.loop.rl import BusyClock
+from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel
 from forge.observability import Reduce, record_metric
 
@@ -31,12 +35,16 @@ class Config(RLConfig):
         student: when set, a layer-pruned copy of a model that generator.model and
             trainer.model both become (the compression use case: a student initialised from
             its teacher's weights).
+        teacher_top_k: 0: the KL at each position is estimated from the sampled token; k > 0:
+            computed over the teacher's k most likely tokens there (plus one bucket for the
+            rest), which needs trainer.loss.is_correction 'none'.
     """
 
     run_dir: str = "runs/distill"
     teacher: ReferenceConfig = field(default_factory=ReferenceConfig)
     teacher_resources: Resources = field(default_factory=Resources)
     student: PrunedModel | None = None
+    teacher_top_k: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +52,12 @@ class Config(RLConfig):
             raise ValueError(f"trainer.objective must be 'distill', got {self.trainer.objective!r}")
         if self.teacher.temperature != self.generator.sampling.temperature:
             raise ValueError("teacher.temperature must equal generator.sampling.temperature")
+        if self.teacher_top_k < 0:
+            raise ValueError(f"teacher_top_k must be >= 0, got {self.teacher_top_k}")
+        if self.teacher.backend == "vllm" and self.teacher_top_k > MAX_TOP_K:
+            raise ValueError(f"teacher_top_k must be <= {MAX_TOP_K} on the vllm backend")
+        if self.teacher_top_k and self.trainer.loss.is_correction != "none":
+            raise ValueError(TOP_K_IS_CORRECTION)
 
 
 class Distill(RLLoop):
@@ -51,6 +65,11 @@ class Distill(RLLoop):
 
     cfg: Config
     plot_keys = ("train/reverse_kl", "eval/reward", "teacher/tokens_per_s", "train/tokens_per_s")
+
+    def __init__(self, cfg: Config) -> None:
+        if cfg.student is not None:  # the pruned copy is written once, then reused
+            cfg.generator.model = cfg.trainer.model = str(cfg.student.path())
+        super().__init__(cfg)
 
     async def start_services(self) -> list:
         await super().start_services()
@@ -62,13 +81,29 @@ class Distill(RLLoop):
     async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
         pairs = [(c.prompt_ids, c.token_ids) for c in completions]
         start = time.perf_counter()
+        k = self.cfg.teacher_top_k
         async with self.teacher_busy:
-            teacher = await self.teacher.logprobs.route(pairs)
+            if k:
+                teacher = await self.teacher.top_logprobs.route(pairs, k)
+            else:
+                teacher = [
+                    TopLogprobs(lp, None, None) for lp in await self.teacher.logprobs.route(pairs)
+                ]
         tokens = sum(len(c.token_ids) for c in completions)
         record_metric("teacher/tokens_per_s", tokens / (time.perf_counter() - start))
         episodes = []
-        for i, (c, lp) in enumerate(zip(completions, teacher, strict=True)):
-            episodes.append(Episode(f"{group}-{i}", str(group), c, teacher_logprobs=lp))
+        for i, (c, t) in enumerate(zip(completions, teacher, strict=True)):
+            lp = t.logprobs
+            episodes.append(
+                Episode(
+                    f"{group}-{i}",
+                    str(group),
+                    c,
+                    teacher_logprobs=lp,
+                    teacher_top_ids=t.top_ids,
+                    teacher_top_logprobs=t.top_logprobs,
+                )
+            )
             # log p - log q under the generator's weights: the KL each sample was drawn with.
             kl = sum(s - t for s, t in zip(c.logprobs, lp, strict=True)) / max(len(lp), 1)
             record_metric("rollout/seq_reverse_kl", kl)
@@ -86,6 +121,4 @@ class Distill(RLLoop):
 
 
 async def main(cfg: Config) -> None:
-    if cfg.student is not None:
-        cfg.generator.model = cfg.trainer.model = str(cfg.student.path())
     await Distill(cfg).main()

@@ -4,6 +4,9 @@ Two backends compute the same numbers, log p(token | everything before it):
     titan  a torchtitan forward pass in this process, padded batches of `max_batch` sequences.
     vllm   a vLLM engine asked for prompt logprobs (forge.actors.vllm_scorer): faster on a
            serving stack, temperature 1 only (vLLM's prompt logprobs are raw).
+
+As a teacher it can also return, at every completion position, its k most likely tokens
+(`top_logprobs`), from which the trainer computes each position's KL without sampling.
 """
 
 import asyncio
@@ -13,11 +16,10 @@ from typing import Any, Literal
 import torch
 from monarch.actor import endpoint
 
-from forge.actors.vllm_scorer import VLLMScorer, check_temperature
+from forge.actors.vllm_scorer import TopLogprobs, VLLMScorer, check_temperature
 from forge.controller import ForgeActor, retry_safe
 from forge.data.collate import gather_tokens, pad_sequences
-from forge.models import resolve_model
-from forge.models.titan import load_pretrained, token_logprobs
+from forge.models import resolve_model, titan
 
 BACKENDS = ("titan", "vllm")
 
@@ -71,7 +73,7 @@ class ReferenceModel(ForgeActor):
             )
             await self.scorer.start()
             return
-        self.model = await asyncio.to_thread(load_pretrained, resolve_model(cfg.model))
+        self.model = await asyncio.to_thread(titan.load_pretrained, resolve_model(cfg.model))
         self.model.requires_grad_(False)
 
     @endpoint
@@ -82,12 +84,39 @@ class ReferenceModel(ForgeActor):
             return await self.scorer.logprobs(pairs)
         return await asyncio.to_thread(self._logprobs, pairs)
 
+    @endpoint
+    @retry_safe
+    async def top_logprobs(
+        self, pairs: list[tuple[list[int], list[int]]], k: int
+    ) -> list[TopLogprobs]:
+        """For each (prompt ids, completion ids): the logprob of every completion token and, at
+        each completion position, the k most likely tokens with their logprobs."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if self.scorer is not None:
+            return await self.scorer.top_logprobs(pairs, k)
+        return await asyncio.to_thread(self._top_logprobs, pairs, k)
+
+    def _top_logprobs(self, pairs: list[tuple[list[int], list[int]]], k: int) -> list[TopLogprobs]:
+        out: list[TopLogprobs] = []
+        for start in range(0, len(pairs), self.cfg.max_batch):
+            input_ids, mask = pad_sequences(pairs[start : start + self.cfg.max_batch])
+            actual, ids, values = titan.top_logprobs(self.model, input_ids, k, self.cfg.temperature)
+            for i in range(mask.shape[0]):
+                row = mask[i]
+                out.append(
+                    TopLogprobs(
+                        actual[i, row].tolist(), ids[i, row].tolist(), values[i, row].tolist()
+                    )
+                )
+        return out
+
     def _logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         out: list[list[float]] = []
         for start in range(0, len(pairs), self.cfg.max_batch):
             input_ids, mask = pad_sequences(pairs[start : start + self.cfg.max_batch])
             with torch.no_grad():
-                logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
+                logprobs = titan.token_logprobs(self.model, input_ids, self.cfg.temperature)
             out.extend(gather_tokens(logprobs, mask))
         return out
 

@@ -29,7 +29,13 @@ from forge.data.collate import collate, gather_tokens, pad_sequences
 from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, mismatch_kl
 from forge.models import resolve_model
-from forge.models.titan import build, hf_state_dict, titan_model, token_logprobs
+from forge.models.titan import (
+    build,
+    candidate_logprobs,
+    hf_state_dict,
+    titan_model,
+    token_logprobs,
+)
 from forge.models.titan_compat import force_sum_reduction, use_device_type
 from forge.weights.transport import TransportConfig, make_transport
 
@@ -190,10 +196,17 @@ class TitanTrainer(ForgeActor):
         batch = collate(episodes, self.pad_id)
         self.model.train()
         input_ids = self._to_device(batch.input_ids)
-        logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
+        top = None
+        if batch.teacher_top_ids is None:
+            logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
+        else:
+            candidates = self._to_device(batch.teacher_top_ids)
+            logprobs, top = candidate_logprobs(
+                self.model, input_ids, candidates, self.cfg.temperature
+            )
         mask = self._to_device(batch.mask)
         behaviour = self._to_device(batch.behaviour_logprobs)
-        loss, metrics, local_norm = self._loss(logprobs, batch, mask, behaviour)
+        loss, metrics, local_norm = self._loss(logprobs, batch, mask, behaviour, top)
         global_norm = _all_sum(local_norm)
         (loss * local_norm / global_norm).backward()
         # After backward (its graph is gone) and before the step (weights are still current).
@@ -282,8 +295,9 @@ class TitanTrainer(ForgeActor):
                 module.reshard()
         return list(self.model.parameters())
 
-    def _loss(self, logprobs, batch, mask, behaviour) -> tuple[torch.Tensor, dict, float]:
-        """The objective's loss over this rank's batch, its metrics, and its normaliser."""
+    def _loss(self, logprobs, batch, mask, behaviour, top=None) -> tuple[torch.Tensor, dict, float]:
+        """The objective's loss over this rank's batch, its metrics, and its normaliser.
+        `top`: the trainer's logprobs of the teacher's top k tokens, or None."""
         per_sequence = self.cfg.loss.aggregation != "token_mean"
         norm = float(mask.any(-1).sum() if per_sequence else mask.sum())
         inputs = ObjectiveInputs(
@@ -293,6 +307,8 @@ class TitanTrainer(ForgeActor):
             advantages=self._to_device(batch.advantages),
             ref_logprobs=self._optional(batch.ref_logprobs),
             teacher_logprobs=self._optional(batch.teacher_logprobs),
+            teacher_top_logprobs=self._optional(batch.teacher_top_logprobs),
+            student_top_logprobs=top,
         )
         loss, metrics = OBJECTIVES[self.cfg.objective](inputs, self.cfg.loss)
         return loss, metrics, norm

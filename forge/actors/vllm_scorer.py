@@ -12,14 +12,34 @@ returns for it (checked against a transformers forward pass):
       actual next token's logprob (with k > 0, the actual token plus the top k);
     - raw logprobs, log_softmax(logits): the request's temperature and the engine's
       `logprobs_mode` do not apply to prompt tokens (they skip the sampling processors).
-So only temperature 1 can be served; `VLLMScorer` refuses any other.
+So only temperature 1 can be served; `VLLMScorer` refuses any other. `top_logprobs` asks for
+`prompt_logprobs=k`: each position then holds the actual token first, then the top k by rank.
 """
 
 import asyncio
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The largest k `top_logprobs` serves: the engine's `max_logprobs`, fixed when it starts.
+MAX_TOP_K = 64
+
+
+@dataclass
+class TopLogprobs:
+    """A model's view of one completion.
+
+    Attributes:
+        logprobs: log p of every completion token.
+        top_ids: at each completion position, the k most likely tokens, most likely first.
+        top_logprobs: their log p, the same shape as `top_ids`.
+    """
+
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
 
 
 class VLLMScorer:
@@ -56,6 +76,7 @@ class VLLMScorer:
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
+            max_logprobs=MAX_TOP_K,
         )
         self.engine: Any = None
 
@@ -90,6 +111,39 @@ class VLLMScorer:
         Raises:
             ValueError: an empty prompt, or a pair longer than `max_model_len`.
         """
+        self._check(pairs)
+        scored = await asyncio.gather(*(self._score(p, c, 0) for p, c in pairs))
+        return [list(s.logprobs) for s in scored]
+
+    async def top_logprobs(
+        self, pairs: list[tuple[list[int], list[int]]], k: int
+    ) -> list[TopLogprobs]:
+        """As `logprobs`, plus the k most likely tokens at every completion position.
+
+        Raises:
+            ValueError: as `logprobs`, or k above MAX_TOP_K.
+        """
+        if not 1 <= k <= MAX_TOP_K:
+            raise ValueError(f"k must be in [1, {MAX_TOP_K}] (the engine's max_logprobs), got {k}")
+        self._check(pairs)
+        scored = await asyncio.gather(*(self._score(p, c, k) for p, c in pairs))
+        out = []
+        for flat in scored:
+            # Per position: the actual token, then the top k by rank (the actual token again
+            # when it is among them).
+            rows = [range(a, b) for a, b in zip(flat.start_indices, flat.end_indices, strict=True)]
+            if any(len(r) != k + 1 for r in rows):
+                raise RuntimeError(f"vLLM returned other than 1 + {k} prompt logprobs a position")
+            out.append(
+                TopLogprobs(
+                    logprobs=[flat.logprobs[r[0]] for r in rows],
+                    top_ids=[[flat.token_ids[i] for i in r[1:]] for r in rows],
+                    top_logprobs=[[flat.logprobs[i] for i in r[1:]] for r in rows],
+                )
+            )
+        return out
+
+    def _check(self, pairs: list[tuple[list[int], list[int]]]) -> None:
         if self.engine is None:
             raise RuntimeError("VLLMScorer.start() was not awaited")
         for prompt, completion in pairs:
@@ -100,19 +154,20 @@ class VLLMScorer:
                     f"a pair of {len(prompt)} + {len(completion)} tokens exceeds max_model_len "
                     f"{self.max_model_len}"
                 )
-        return list(await asyncio.gather(*(self._one(p, c) for p, c in pairs)))
 
-    async def _one(self, prompt: list[int], completion: list[int]) -> list[float]:
+    async def _score(self, prompt: list[int], completion: list[int], k: int) -> Any:
+        """The FlatLogprobs of the completion's positions: the actual token, then the top k."""
         from vllm import SamplingParams
+        from vllm.logprobs import FlatLogprobs
         from vllm.sampling_params import RequestOutputKind
 
         if not completion:
-            return []
+            return FlatLogprobs()
         params = SamplingParams(
             max_tokens=1,
             temperature=0.0,  # the one generated token is discarded: greedy is cheapest
-            prompt_logprobs=0,  # the actual token only
-            flat_logprobs=True,  # plain float lists, not a dict per position
+            prompt_logprobs=k,  # the actual token, then the top k
+            flat_logprobs=True,  # plain lists, not a dict per position
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -120,12 +175,13 @@ class VLLMScorer:
         final = None
         async for out in self.engine.generate(request, params, request_id=uuid.uuid4().hex):
             final = out
-        scored = final.prompt_logprobs  # FlatLogprobs: position 0 empty, then one per token
+        scored = final.prompt_logprobs  # position 0 empty, then one per token
         n = len(completion)
-        expected = len(request["prompt_token_ids"]) - 1
-        if len(scored.logprobs) != expected or scored.token_ids[-n:] != list(completion):
+        positions = scored[-n:]
+        actual = [positions.token_ids[i] for i in positions.start_indices]
+        if len(scored) != len(request["prompt_token_ids"]) or actual != list(completion):
             raise RuntimeError("vLLM's prompt logprobs do not line up with the completion")
-        return list(scored.logprobs[-n:])
+        return positions
 
     def close(self) -> None:
         """Stops the engine and its process."""

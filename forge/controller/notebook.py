@@ -4,12 +4,14 @@ A cell that spawns a service and is run twice would leave the first service's pr
 `replace(name, spawn)` stops what an earlier run of the cell started under `name` first:
 
     workers = await replace("workers", Worker.options(num_replicas=2).as_service())
+    run = await replace("run", GRPO(cfg).start())  # anything with an async close() too
 
 Processes do not outlive the kernel: Monarch's processes exit with the process that started
 them, and vLLM engines with their generator.
 """
 
 import contextlib
+import inspect
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -30,10 +32,13 @@ async def replace(name: str, spawn: Awaitable[T]) -> T:
 
 
 async def stop(name: str) -> None:
-    """Stops the service or actor started under `name`; nothing if there is none."""
+    """Stops the service or actor started under `name`, or closes what its class gives an
+    async `close()` (an app's run); nothing if there is none."""
     handle = _started.pop(name, None)
     if isinstance(handle, Service):
         await handle.shutdown()
+    elif inspect.iscoroutinefunction(getattr(type(handle), "close", None)):
+        await handle.close()
     elif handle is not None:
         with contextlib.suppress(ValueError):  # already stopped, by shutdown() for one
             await get_provisioner().stop_actor(handle)

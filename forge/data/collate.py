@@ -16,7 +16,7 @@ class Batch:
     """Padded training tensors for a list of episodes.
 
     Shapes: input_ids [B, T]; mask, behaviour_logprobs, ref_logprobs, teacher_logprobs
-    [B, T-1]; advantages [B].
+    [B, T-1]; teacher_top_ids, teacher_top_logprobs [B, T-1, k]; advantages [B].
     """
 
     input_ids: torch.Tensor
@@ -25,6 +25,8 @@ class Batch:
     behaviour_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     teacher_logprobs: torch.Tensor | None
+    teacher_top_ids: torch.Tensor | None
+    teacher_top_logprobs: torch.Tensor | None
     policy_versions: list[int | None]
 
     @property
@@ -51,11 +53,18 @@ def pad_sequences(
     return input_ids, mask
 
 
-def scatter_tokens(values: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    """Places each sequence's per-completion-token values at its mask positions (0 elsewhere)."""
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    for i, row in enumerate(values):
-        out[i, mask[i]] = torch.tensor(row, dtype=torch.float32)
+def scatter_tokens(
+    values: list[list], mask: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Places each sequence's per-completion-token values at its mask positions (0 elsewhere).
+
+    A value may itself be a list of k (e.g. top-k ids): the result is then [B, T-1, k].
+    """
+    rows = [torch.tensor(row, dtype=dtype) for row in values]
+    trailing = next((tuple(r.shape[1:]) for r in rows if r.numel()), ())
+    out = torch.zeros((*mask.shape, *trailing), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, mask[i]] = row.reshape(-1, *trailing)
     return out
 
 
@@ -68,9 +77,9 @@ def collate(episodes: list[Episode], pad_id: int = 0) -> Batch:
     """Pads a list of episodes into a Batch."""
     input_ids, mask = pad_sequences(sequences(episodes), pad_id)
 
-    def optional(name: str) -> torch.Tensor | None:
+    def optional(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
         rows = [getattr(e, name) for e in episodes]
-        return None if any(r is None for r in rows) else scatter_tokens(rows, mask)
+        return None if any(r is None for r in rows) else scatter_tokens(rows, mask, dtype)
 
     return Batch(
         input_ids=input_ids,
@@ -79,5 +88,7 @@ def collate(episodes: list[Episode], pad_id: int = 0) -> Batch:
         behaviour_logprobs=scatter_tokens([e.completion.logprobs for e in episodes], mask),
         ref_logprobs=optional("ref_logprobs"),
         teacher_logprobs=optional("teacher_logprobs"),
+        teacher_top_ids=optional("teacher_top_ids", torch.long),
+        teacher_top_logprobs=optional("teacher_top_logprobs"),
         policy_versions=[e.policy_version for e in episodes],
     )

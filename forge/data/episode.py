@@ -18,6 +18,9 @@ class Episode:
         advantage: set once the whole group is scored.
         ref_logprobs: reference-model logprobs of the completion tokens (for the KL term).
         teacher_logprobs: teacher logprobs of the completion tokens (for distillation).
+        teacher_top_ids: at each completion position, the teacher's k most likely tokens, or
+            None (distillation then estimates the KL from the sampled tokens alone).
+        teacher_top_logprobs: their teacher logprobs, the same shape.
     """
 
     episode_id: str
@@ -28,6 +31,8 @@ class Episode:
     advantage: float = 0.0
     ref_logprobs: list[float] | None = None
     teacher_logprobs: list[float] | None = None
+    teacher_top_ids: list[list[int]] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None
 
     @property
     def policy_version(self) -> int | None:

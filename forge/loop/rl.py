@@ -11,6 +11,7 @@ it): the baseline async mode is measured against, and the same data as async mod
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from forge.actors.dataset import DatasetActor
@@ -39,6 +40,7 @@ class RLLoop(Run):
         self.busy = BusyClock()  # time with at least one generate call running
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
         self.workers: list[asyncio.Future] = []
+        self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
 
     async def start_services(self) -> list[Any]:
         """The replay buffer and the dataset; apps call this first when they add their own."""
@@ -55,6 +57,11 @@ class RLLoop(Run):
     async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
         """The group's episodes, ready to train on (the app's objective decides what that is)."""
         raise NotImplementedError
+
+    def take_group(self) -> int:
+        """The next group's number k: it gets dataset row k and sampling seed k."""
+        group, self.groups = self.groups, self.groups + 1
+        return group
 
     async def rollout(self, group: int) -> list[Episode]:
         """One prompt, G samples, scored by the app."""
@@ -75,9 +82,12 @@ class RLLoop(Run):
         failures = 0
         while not self.stop.is_set():
             await self.gate.admit()
-            group, self.groups = self.groups, self.groups + 1
+            group = self.take_group()
             try:
                 episodes = await self.rollout(group)
+            except asyncio.CancelledError:  # stop_rollouts: the group never reaches the buffer
+                await self.gate.finished(self.cfg.group_size, kept=0)
+                raise
             except Exception as e:
                 await self.gate.finished(self.cfg.group_size, kept=0)
                 record_metric("rollout/failed_groups", 1, Reduce.SUM)
@@ -89,15 +99,25 @@ class RLLoop(Run):
                 await asyncio.sleep(min(2.0**failures, 30.0))
                 continue
             failures = 0
-            await self.buffer.add.call_one(episodes)
-            await self.gate.finished(len(episodes))
+            # Shielded: once scored, a group reaches the buffer and the gate's count even if
+            # the workers are stopped meanwhile (stop_rollouts waits for it).
+            delivery = asyncio.ensure_future(self.deliver(episodes))
+            self.deliveries.add(delivery)
+            delivery.add_done_callback(self.deliveries.discard)
+            await asyncio.shield(delivery)
+
+    async def deliver(self, episodes: list[Episode]) -> None:
+        """Puts a finished group in the buffer and tells the gate."""
+        await self.buffer.add.call_one(episodes)
+        await self.gate.finished(len(episodes))
 
     async def sync_rollouts(self) -> None:
         """Generates exactly one batch, all on the current weights (the synchronous baseline)."""
         start = time.perf_counter()
-        groups = self.cfg.buffer.batch_size // self.cfg.group_size
-        first, self.groups = self.groups, self.groups + groups
-        batches = await asyncio.gather(*(self.rollout(first + g) for g in range(groups)))
+        groups = [
+            self.take_group() for _ in range(self.cfg.buffer.batch_size // self.cfg.group_size)
+        ]
+        batches = await asyncio.gather(*(self.rollout(g) for g in groups))
         await self.buffer.add.call_one([e for b in batches for e in b])
         record_metric("rollout/batch_s", time.perf_counter() - start)
 
@@ -131,22 +151,46 @@ class RLLoop(Run):
         return metrics
 
     async def run(self) -> None:
-        start = time.perf_counter()
-        if self.cfg.mode == "async":
+        try:
+            await self.steps(self.cfg.steps)
+        finally:
+            await self.stop_rollouts()
+
+    async def steps(
+        self, n: int, on_step: Callable[[int, dict[str, float]], None] | None = None
+    ) -> list[dict[str, float]]:
+        """Trains `n` more steps and returns each step's logged metrics.
+
+        In async mode the rollout workers start with the first call and keep generating
+        between calls, as far ahead as the admission gate allows, until `stop_rollouts`;
+        a later call starts them again. `on_step(step, metrics)` runs after each step (a
+        notebook redraws a plot there).
+        """
+        if self.cfg.mode == "async" and not self.workers:
+            self.stop.clear()
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
-        try:
-            for step in range(self.first_step, self.last_step + 1):
-                if self.cfg.mode == "sync":
-                    await self.sync_rollouts()
-                await self.train_step(step)
-                record_metric("generator/idle_fraction", self.busy.idle_fraction())
-                await self.log_step(step, start)
-        finally:
-            self.stop.set()
-            for w in self.workers:
-                w.cancel()
-            await asyncio.gather(*self.workers, return_exceptions=True)
+        logged = []
+        for _ in range(n):
+            step = self.version + 1
+            if self.cfg.mode == "sync":
+                await self.sync_rollouts()
+            await self.train_step(step)
+            record_metric("generator/idle_fraction", self.busy.idle_fraction())
+            logged.append(await self.log_step(step, self.started))
+            if on_step is not None:
+                on_step(step, logged[-1])
+        return logged
+
+    async def stop_rollouts(self) -> None:
+        """Stops the rollout workers. A group still being generated or scored is dropped (the
+        gate forgets it); one already scored reaches the buffer first."""
+        self.stop.set()
+        for w in self.workers:
+            w.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        await asyncio.gather(*self.deliveries)
+        self.workers = []
 
 
 class BusyClock:

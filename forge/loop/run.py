@@ -53,9 +53,11 @@ class Run:
 
     # --- start --------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Spawns every actor, brings the generators to a resumed trainer's weights."""
+    async def start(self) -> "Run":
+        """Spawns every actor, brings the generators to a resumed trainer's weights; returns
+        the run (`run = await GRPO(cfg).start()` in a notebook)."""
         cfg = self.cfg
+        self.started = time.perf_counter()
         say(self.summary())
         init_provisioner(cfg.provisioner)
         if cfg.trainer.transport.kind == "torchstore":
@@ -84,6 +86,7 @@ class Run:
         # A trainer that resumed a checkpoint is ahead of the generators' base weights.
         self.world = self.cfg.trainer_resources.procs  # data-parallel ranks (one host)
         self.version = (await self.trainer.get_step.call()).item(procs=0)
+        self.first_step = self.version + 1
         if self.version:
             await self.trainer.push_weights.call(self.version)
             await self.generator.update_weights.fanout(self.version)
@@ -97,6 +100,7 @@ class Run:
                 rows, self.generator, self.reward, cfg.eval.max_tokens, self.run_dir / "eval.jsonl"
             )
             self.evaluator.start(0, self.version)  # the starting point, to compare against
+        return self
 
     def summary(self) -> str:
         """The start-up line: what trains, on which processes, where the run is written."""
@@ -184,7 +188,6 @@ class Run:
         """Start, run, and always close."""
         try:
             await self.start()
-            self.first_step = self.version + 1
             await self.run()
         finally:
             await self.close()
@@ -202,8 +205,11 @@ class Run:
                     export = self.run_dir / "hf"
                     await self.trainer.export_hf.call(str(export))
                     say(f"model: {export}")
-                plot = plot_run(self.run_dir, self.plot_keys)
-                say(f"metrics: {self.run_dir / 'metrics.jsonl'}\nplot: {plot}")
+                metrics = self.run_dir / "metrics.jsonl"
+                if (
+                    metrics.exists() and metrics.stat().st_size
+                ):  # a run that failed at once has none
+                    say(f"metrics: {metrics}\nplot: {plot_run(self.run_dir, self.plot_keys)}")
         finally:
             try:
                 if hasattr(self, "transport"):  # shared memory is the machine's, not the run's

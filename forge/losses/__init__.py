@@ -2,7 +2,7 @@
 
 from forge.losses.advantages import group_advantages
 from forge.losses.aggregation import AGGREGATIONS, Aggregation, aggregate, masked_mean, masked_sum
-from forge.losses.distillation import reverse_kl_loss
+from forge.losses.distillation import reverse_kl_loss, top_k_reverse_kl_loss
 from forge.losses.grpo import IS_CORRECTIONS, GRPOConfig, ISCorrection, grpo_loss
 from forge.losses.importance import (
     importance_ratio,
@@ -37,5 +37,6 @@ __all__ = [
     "mismatch_kl",
     "reverse_kl_loss",
     "sft_loss",
+    "top_k_reverse_kl_loss",
     "truncated_is_weights",
 ]

@@ -51,3 +51,57 @@ def reverse_kl_loss(
     loss = aggregate(per_token, mask, aggregation, norm_length)
     metrics["loss"] = loss
     return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def top_k_reverse_kl_loss(
+    student_top_logprobs: Tensor,
+    teacher_top_logprobs: Tensor,
+    mask: Tensor,
+    aggregation: Aggregation = "token_mean",
+    norm_length: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The reverse KL(student || teacher) at every position, computed, not sampled.
+
+    Both distributions are coarsened to the teacher's top k tokens plus one bucket for the
+    rest of the vocabulary (whose teacher mass is 1 - the top k's), and the KL between the two
+    (k + 1)-outcome distributions is exact:
+
+        KL_t = sum_i s_i (log s_i - log q_i) + s_rest (log s_rest - log q_rest)
+
+    It never exceeds the full KL (coarsening loses information) and equals it when the student
+    and teacher agree on how the rest is split. Unlike `reverse_kl_loss` there is no sampling
+    noise at a position: a wrong answer token the student rarely samples is still pushed down.
+    The positions themselves come from the student's samples (on-policy states).
+
+    Args:
+        student_top_logprobs: [batch, seq, k] the student's logprobs of the teacher's top k
+            tokens, with grad.
+        teacher_top_logprobs: [batch, seq, k] the teacher's logprobs of the same tokens.
+        mask: [batch, seq] the response positions.
+        aggregation, norm_length: as in forge.losses.aggregation.aggregate.
+
+    Returns:
+        (loss, metrics): the loss is the aggregated KL; metrics["reverse_kl"] its token mean and
+        metrics["teacher_top_k_mass"] the teacher's mean probability on its top k (how much of
+        the distribution the coarsening keeps).
+    """
+    mask = mask.bool()
+    # Padding may hold anything (NaN included): it must reach neither the loss nor the gradient.
+    keep = mask[..., None]
+    s = torch.where(keep, student_top_logprobs.float(), -1.0)
+    q = torch.where(keep, teacher_top_logprobs.float(), -1.0)
+    s_rest_log, q_rest_log = _log_rest(s), _log_rest(q)
+    per_token = (s.exp() * (s - q)).sum(-1) + s_rest_log.exp() * (s_rest_log - q_rest_log)
+    per_token = torch.where(mask, per_token, 0.0)
+    loss = aggregate(per_token, mask, aggregation, norm_length)
+    metrics = {
+        "loss": loss,
+        "reverse_kl": masked_mean(per_token, mask),
+        "teacher_top_k_mass": masked_mean(q.exp().sum(-1), mask),
+    }
+    return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def _log_rest(top_logprobs: Tensor) -> Tensor:
+    """log(1 - the top k's probability), kept finite when rounding puts their sum at 1."""
+    return torch.log1p(-top_logprobs.exp().sum(-1).clamp(max=1.0 - 1e-6))

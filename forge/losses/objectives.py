@@ -11,7 +11,8 @@ from typing import Literal
 
 from torch import Tensor
 
-from forge.losses.distillation import reverse_kl_loss
+from forge.losses.aggregation import masked_mean
+from forge.losses.distillation import reverse_kl_loss, top_k_reverse_kl_loss
 from forge.losses.grpo import GRPOConfig, grpo_loss
 from forge.losses.importance import truncated_is_weights
 from forge.losses.sft import sft_loss
@@ -30,6 +31,9 @@ class ObjectiveInputs:
         advantages: one per sequence.
         ref_logprobs: a reference model's, or None.
         teacher_logprobs: a teacher's, or None.
+        teacher_top_logprobs: [batch, seq, k] a teacher's logprobs of its k most likely tokens
+            at each position, or None.
+        student_top_logprobs: [batch, seq, k] the trainer's of the same tokens, with grad.
     """
 
     logprobs: Tensor
@@ -38,7 +42,14 @@ class ObjectiveInputs:
     advantages: Tensor
     ref_logprobs: Tensor | None = None
     teacher_logprobs: Tensor | None = None
+    teacher_top_logprobs: Tensor | None = None
+    student_top_logprobs: Tensor | None = None
 
+
+TOP_K_IS_CORRECTION = (
+    "distillation from the teacher's top k computes each position's KL exactly, with no "
+    "per-token importance weight: set trainer.loss.is_correction to 'none'"
+)
 
 Objective = Callable[[ObjectiveInputs, GRPOConfig], tuple[Tensor, dict[str, Tensor]]]
 
@@ -66,14 +77,29 @@ def grpo_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[st
 def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """On-policy distillation: reverse KL to the teacher on the student's own samples.
 
-    The estimator assumes the tokens were sampled by the weights being trained. Samples from an
-    older generator (async) are reweighted by TIS, min(pi_theta / mu, tis_cap) per token, when
-    `cfg.is_correction` is "tis"; on fresh samples the weight is ~1.
+    With the teacher's top k at each position, the KL there is computed exactly (over the top k
+    plus a bucket for the rest) and the positions are taken as they come, also from an older
+    generator; the metrics keep the sampled-token estimate as "sampled_reverse_kl". Otherwise
+    it is estimated from the sampled tokens, which assumes they were sampled by the weights
+    being trained: samples from an older generator (async) are reweighted by TIS,
+    min(pi_theta / mu, tis_cap) per token, when `cfg.is_correction` is "tis".
     """
     if x.teacher_logprobs is None:
         raise ValueError("objective 'distill' needs teacher_logprobs on every episode")
     if cfg.is_correction == "mis":
         raise ValueError("objective 'distill' supports is_correction 'none' or 'tis', not 'mis'")
+    if x.teacher_top_logprobs is not None and x.student_top_logprobs is not None:
+        if cfg.is_correction != "none":
+            raise ValueError(TOP_K_IS_CORRECTION)
+        loss, metrics = top_k_reverse_kl_loss(
+            x.student_top_logprobs,
+            x.teacher_top_logprobs,
+            x.mask,
+            cfg.aggregation,
+            cfg.norm_length,
+        )
+        sampled = masked_mean(x.logprobs.detach() - x.teacher_logprobs, x.mask.bool())
+        return loss, {**metrics, "sampled_reverse_kl": sampled}
     weights = None
     if cfg.is_correction == "tis":
         weights = truncated_is_weights(x.logprobs.detach(), x.behaviour_logprobs, cfg.tis_cap)

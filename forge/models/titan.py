@@ -190,3 +190,38 @@ def token_logprobs(
     # cross_entropy fuses log-softmax and gather: no [B, T, vocab] log-prob tensor is kept.
     nll = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
     return -nll.view(targets.shape)
+
+
+def candidate_logprobs(
+    module: nn.Module, input_ids: torch.Tensor, candidates: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and log p(c | input_ids[:, :j+1]) of each candidate token c.
+
+    Args:
+        candidates: [B, T-1, k] token ids per position (e.g. a teacher's top k).
+
+    Returns:
+        ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] logprobs of the candidates).
+    """
+    logits = module(input_ids)[:, :-1].float() / temperature
+    # Gathers minus one log-normaliser: no [B, T, vocab] log-prob tensor is kept.
+    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
+    actual = logits.gather(-1, input_ids[:, 1:, None]) - log_z
+    return actual.squeeze(-1), logits.gather(-1, candidates) - log_z
+
+
+@torch.no_grad()
+def top_logprobs(
+    module: nn.Module, input_ids: torch.Tensor, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and the k most likely next tokens at every position with their logprobs.
+
+    Returns:
+        ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] top ids, [B, T-1, k] their
+        logprobs, most likely first).
+    """
+    logits = module(input_ids)[:, :-1].float() / temperature
+    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
+    actual = logits.gather(-1, input_ids[:, 1:, None]) - log_z
+    values, ids = logits.topk(k, dim=-1)
+    return actual.squeeze(-1), ids, values - log_z

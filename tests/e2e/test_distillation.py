@@ -25,20 +25,21 @@ def distill(config: str, run_dir, *overrides: str):
     return forge_run("distillation", config, run_dir, *overrides)
 
 
-STEPS = 8
+STEPS = 10
 
 
 @pytest.mark.timeout(1500)  # alone, it first trains its teacher (the SFT test's run)
 def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_path):
-    """`make distill`'s config, 8 steps: the teacher is the SFT test's exported model, which
-    answers "<answer>7</answer>"; the student, SmolLM2-135M-Instruct, answers in prose.
+    """`make distill`'s config, 10 steps: the teacher is the SFT test's exported model, which
+    answers "<answer>7</answer>"; the student, SmolLM2-135M-Instruct, answers in prose. The
+    teacher returns its top 20 tokens per position and the KL there is computed.
 
-    Measured (the same numbers in three runs): reverse KL per token by step 1.20, 0.84, 0.55,
-    1.05, 0.95, 0.47, 0.86, 0.52 (0.50, 0.78, 0.21, 0.86 in steps 9-12: it falls, noisily, and
-    has not halved by step 12); held-out greedy reward 0.6875 -> 1.16 at step 8 (format 0 -> 1.0,
-    correctness 0.69 -> 0.16: the student takes up the teacher's answer format first, its
-    numbers not yet). The test asks the mean KL of the last three steps to be below 0.85 x the
-    first three's (measured 0.72), the format to be taken up (>= 0.9) and the reward to gain 0.3.
+    Measured: reverse KL per token by step 0.95, 0.74, 0.52, 1.21, 0.87, 0.72, 0.34, 0.19, 0.12,
+    0.08 (the bump is the switch from prose to the teacher's format); held-out greedy reward
+    0.69 -> 1.51 (format 0 -> 1.0, correctness 0.69 -> 0.51). With the sampled-token estimator
+    the same setup's KL had not halved by step 12 and correctness fell to 0.16. The
+    test asks the KL of the last step, and the mean of the last two, to be below half the
+    first's, the format to be taken up (>= 0.9) and the held-out reward to gain 0.5.
     """
     run_dir = tmp_path / "learn"
     overrides = (
@@ -52,18 +53,24 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
     kl = [m["train/reverse_kl"] for m in metrics(run_dir)]
     rewards = evals(run_dir, "reward")
     print(f"reverse KL per step {kl}, held-out greedy reward {rewards}")
-    assert sum(kl[-3:]) < 0.85 * sum(kl[:3])
+    assert kl[-1] < 0.5 * kl[0]
+    assert sum(kl[-2:]) < 0.5 * sum(kl[:2])
     assert rewards[-1]["rewards"]["format"] >= 0.9
-    assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.3
+    assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
 
 
 def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
-    runs = {}
-    for mode in ("sync", "async"):
-        run_dir = tmp_path / mode
-        overrides = (f"mode={mode}", "steps=3", "buffer.max_policy_age=0", "export_hf=false")
-        finish(distill(TINY, run_dir, *overrides), run_dir)
-        runs[mode] = run_dir
+    runs = {mode: tmp_path / mode for mode in ("sync", "async")}
+    # Both at once: start-up is mostly waiting, and the runs share nothing but the machine.
+    overrides = ("steps=3", "buffer.max_policy_age=0", "export_hf=false")
+    procs = {m: distill(TINY, d, f"mode={m}", *overrides) for m, d in runs.items()}
+    try:
+        for mode, run_dir in runs.items():
+            finish(procs[mode], run_dir)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
     sync, asynchronous = (trained(runs[m]) for m in ("sync", "async"))
     assert [s["episodes"] for s in sync] == [a["episodes"] for a in asynchronous]
     for key in ("train/loss", "train/reverse_kl", "train/grad_norm"):

@@ -65,19 +65,28 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2(tmp_path):
 
 
 def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
-    runs = {}
-    for mode in ("sync", "async"):
-        run_dir = tmp_path / mode
-        overrides = (
+    runs = {mode: tmp_path / mode for mode in ("sync", "async")}
+    # Both at once: start-up is mostly waiting, and the runs share nothing but the machine.
+    procs = {
+        mode: grpo(
+            TINY,
+            run_dir,
             VOWELS,
             f"mode={mode}",
             "steps=3",
             "buffer.max_policy_age=0",
             "export_hf=false",
         )
-        finish(grpo(TINY, run_dir, *overrides), run_dir)
-        assert not Path(f"/dev/shm/forge-{run_dir}").exists()  # weight versions cleared
-        runs[mode] = run_dir
+        for mode, run_dir in runs.items()
+    }
+    try:
+        for mode, run_dir in runs.items():
+            finish(procs[mode], run_dir)
+            assert not Path(f"/dev/shm/forge-{run_dir}").exists()  # weight versions cleared
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
     sync, asynchronous = (trained(runs[m]) for m in ("sync", "async"))
     assert [s["episodes"] for s in sync] == [a["episodes"] for a in asynchronous]
     for key in ("train/loss", "train/grad_norm"):

@@ -55,6 +55,25 @@ async def test_backends_give_the_same_token_logprobs(backends):
     assert min(min(a) for a in expected) < -5
 
 
+async def test_backends_give_the_same_top_k_tokens_and_logprobs(backends):
+    """The teacher's top k per position (distillation with teacher_top_k): same tokens, same
+    logprobs, most likely first, and the actual token's logprob as `logprobs` gives it."""
+    titan, vllm = backends
+    pairs, k = random_pairs(), 5
+    expected = await titan.top_logprobs.call_one(pairs, k)
+    got = await vllm.top_logprobs.call_one(pairs, k)
+    plain = await titan.logprobs.call_one(pairs)
+    for (_, completion), a, b, lp in zip(pairs, expected, got, plain, strict=True):
+        assert len(a.top_ids) == len(b.top_ids) == len(completion)
+        assert all(len(ids) == k for ids in b.top_ids)
+        assert a.top_ids == b.top_ids
+        top_a, top_b = torch.tensor(a.top_logprobs), torch.tensor(b.top_logprobs)
+        assert (top_a - top_b).abs().max().item() < TOLERANCE
+        assert (top_b[:, :-1] >= top_b[:, 1:]).all()
+        assert (torch.tensor(b.logprobs) - torch.tensor(lp)).abs().max().item() < TOLERANCE
+        assert (torch.tensor(a.logprobs) - torch.tensor(lp)).abs().max().item() < 1e-5
+
+
 async def test_vllm_backend_refuses_a_pair_too_long_and_stays_usable(backends):
     _, vllm = backends
     with pytest.raises(ActorError, match="max_model_len"):

@@ -43,3 +43,17 @@ def test_an_app_refuses_an_objective_it_cannot_train():
     distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
     with pytest.raises(ConfigError, match="trainer.objective must be 'distill'"):
         load_config(schema(distill), distill, ["trainer.objective=grpo"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["teacher_top_k=-1"], "teacher_top_k must be >= 0"),
+        (["teacher_top_k=65", "teacher.backend=vllm"], "teacher_top_k must be <= 64"),
+        (["teacher_top_k=8", "trainer.loss.is_correction=tis"], "is_correction to 'none'"),
+    ],
+)
+def test_distillation_refuses_a_top_k_it_cannot_serve(overrides, error):
+    distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match=error):
+        load_config(schema(distill), distill, overrides)

@@ -28,3 +28,14 @@ def test_positions_line_up_with_next_token_logprobs():
         [-0.5],
     ]
     assert batch.teacher_logprobs is None
+
+
+def test_teacher_top_k_lines_up_as_k_values_per_completion_position():
+    episodes = [episode([5, 6], [7, 8], [-0.1, -0.2], 0.0), episode([5], [4], [-0.5], 0.0)]
+    episodes[0].teacher_top_ids, episodes[0].teacher_top_logprobs = [[7, 3], [8, 1]], [[-1, -2]] * 2
+    episodes[1].teacher_top_ids, episodes[1].teacher_top_logprobs = [[9, 4]], [[-0.5, -1.5]]
+    batch = collate(episodes)
+    assert batch.teacher_top_ids.dtype == torch.long and batch.teacher_top_ids.shape == (2, 3, 2)
+    assert batch.teacher_top_ids.tolist() == [[[0, 0], [7, 3], [8, 1]], [[9, 4], [0, 0], [0, 0]]]
+    assert batch.teacher_top_logprobs[1, 0].tolist() == [-0.5, -1.5]
+    assert batch.teacher_top_logprobs[0, 0].tolist() == [0.0, 0.0]

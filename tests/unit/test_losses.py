@@ -18,6 +18,7 @@ from forge.losses import (
     masked_sum,
     mismatch_kl,
     reverse_kl_loss,
+    top_k_reverse_kl_loss,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -339,6 +340,52 @@ def test_reverse_kl_loss_gradient_is_exact_in_expectation():
     (true,) = torch.autograd.grad(kl, theta)
     assert_close(estimated, true)
     assert_close(expected_kl, kl.detach())
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k (by `logits`) token ids and the log-softmax at them, per position."""
+    values, ids = logits.topk(k, dim=-1)
+    return ids, values - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def test_top_k_reverse_kl_of_a_student_equal_to_its_teacher_is_zero_with_zero_gradient():
+    theta = leaf(*torch.randn(2, 3, 50).tolist())
+    ids, teacher = top_k(theta.detach(), 8)
+    student = torch.log_softmax(theta, -1).gather(-1, ids)
+    loss, metrics = top_k_reverse_kl_loss(student, teacher, t([1, 1, 1], [1, 1, 0]))
+    loss.backward()
+    assert abs(metrics["reverse_kl"].item()) < 1e-6
+    assert theta.grad.abs().max().item() < 1e-6
+
+
+def test_top_k_reverse_kl_is_the_full_kl_over_the_whole_vocabulary_and_a_lower_bound_below():
+    student_logits, teacher_logits = torch.randn(4, 50), 2 * torch.randn(4, 50)
+    s, q = torch.log_softmax(student_logits, -1), torch.log_softmax(teacher_logits, -1)
+    full = (s.exp() * (s - q)).sum(-1)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    previous = 0.0
+    for k in (1, 5, 20, 50):
+        ids, teacher = top_k(teacher_logits, k)
+        _, metrics = top_k_reverse_kl_loss(s.gather(-1, ids)[None], teacher[None], mask)
+        kl = metrics["reverse_kl"].item()
+        assert previous - 1e-5 <= kl <= full.mean().item() + 1e-5  # more buckets, more KL
+        previous = kl
+    assert kl == pytest.approx(full.mean().item(), abs=1e-5)
+    assert metrics["teacher_top_k_mass"].item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_top_k_reverse_kl_gradient_moves_mass_to_the_teachers_token():
+    """A token the student rarely samples still gets its gradient: descent raises the
+    teacher's favourite even when the student gives it 1% (the sampled estimator would
+    rarely see it)."""
+    theta = leaf(5.0, 0.4, 0.0, 0.0)
+    teacher_logits = t(0.0, 6.0, 0.0, 0.0)
+    ids, teacher = top_k(teacher_logits, 2)
+    student = torch.log_softmax(theta, -1).gather(-1, ids)
+    loss, _ = top_k_reverse_kl_loss(student.view(1, 1, 2), teacher.view(1, 1, 2), t([1]))
+    loss.backward()
+    assert theta.grad[1] < 0 < theta.grad[0]  # descent: token 1 up, token 0 down
+    assert torch.log_softmax(theta, -1)[1].exp() < 0.01
 
 
 # --- mismatch ------------------------------------------------------------------------------

@@ -76,6 +76,24 @@ def test_distill_refuses_missing_teacher_logprobs_and_mis():
         OBJECTIVES["distill"](x, GRPOConfig(is_correction="mis"))
 
 
+def test_distill_over_the_teachers_top_k_reports_both_kls_and_refuses_is_correction():
+    x = inputs([[-1.0, -0.5]], [[1, 0]], teacher=[[-1.5, 0.0]])
+    x.student_top_logprobs = torch.tensor([[[-1.0, -2.0], [NAN, NAN]]], requires_grad=True)
+    x.teacher_top_logprobs = torch.tensor([[[-0.4, -1.5], [NAN, NAN]]])
+    loss, metrics = OBJECTIVES["distill"](x, GRPOConfig())
+    loss.backward()
+    s, q = torch.tensor([-1.0, -2.0]), torch.tensor([-0.4, -1.5])
+    rest_s, rest_q = 1 - s.exp().sum(), 1 - q.exp().sum()
+    expected = (s.exp() * (s - q)).sum() + rest_s * (rest_s.log() - rest_q.log())
+    assert metrics["reverse_kl"].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["sampled_reverse_kl"].item() == pytest.approx(0.5)  # -1 - (-1.5)
+    assert torch.isfinite(x.student_top_logprobs.grad).all()  # padding holds NaN
+    assert x.student_top_logprobs.grad[0, 1].abs().sum() == 0
+    assert x.logprobs.grad is None  # the sampled token's logprob carries no loss here
+    with pytest.raises(ValueError, match="is_correction to 'none'"):
+        OBJECTIVES["distill"](x, GRPOConfig(is_correction="tis"))
+
+
 def test_grpo_objective_clips_against_the_generator_without_is_correction():
     x = inputs([[-1.0, -1.0]], [[1, 1]], behaviour=[[-1.5, -0.5]], advantages=[1.0])
     loss, metrics = OBJECTIVES["grpo"](x, GRPOConfig())
