@@ -203,11 +203,8 @@ def candidate_logprobs(
     Returns:
         ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] logprobs of the candidates).
     """
-    logits = module(input_ids)[:, :-1].float() / temperature
-    # Gathers minus one log-normaliser: no [B, T, vocab] log-prob tensor is kept.
-    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
-    actual = logits.gather(-1, input_ids[:, 1:, None]) - log_z
-    return actual.squeeze(-1), logits.gather(-1, candidates) - log_z
+    logits, log_z, actual = _next_token_logits(module, input_ids, temperature)
+    return actual, logits.gather(-1, candidates) - log_z
 
 
 @torch.no_grad()
@@ -220,8 +217,17 @@ def top_logprobs(
         ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] top ids, [B, T-1, k] their
         logprobs, most likely first).
     """
+    logits, log_z, actual = _next_token_logits(module, input_ids, temperature)
+    values, ids = logits.topk(k, dim=-1)
+    return actual, ids, values - log_z
+
+
+def _next_token_logits(
+    module: nn.Module, input_ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tempered logits [B, T-1, vocab], their log-normaliser [B, T-1, 1], and the actual next
+    tokens' logprobs [B, T-1]. Gathers minus the normaliser: no [B, T, vocab] log-prob tensor."""
     logits = module(input_ids)[:, :-1].float() / temperature
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
     actual = logits.gather(-1, input_ids[:, 1:, None]) - log_z
-    values, ids = logits.topk(k, dim=-1)
-    return actual.squeeze(-1), ids, values - log_z
+    return logits, log_z, actual.squeeze(-1)
