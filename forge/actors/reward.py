@@ -8,7 +8,8 @@
 
 The functions run in worker processes (forge.data.reward_runner): a function that raises or
 overruns `timeout_s` scores 0 on that completion, is named in `RewardResult.failed` and counted
-in `stats()`, and the actor keeps serving.
+in `stats()`, its first failure of each kind is logged, and the actor keeps serving. A checker
+that raises on the model's answer (a reasoning-gym `score_answer`) is such a failure, not a 0.
 """
 
 from dataclasses import dataclass, field

@@ -4,7 +4,9 @@ A reward function is user code: it may raise, or loop forever in pure Python. An
 timeout cannot interrupt a loop that never yields, and a thread cannot be killed, so each call
 runs in a child process: the caller waits up to `timeout_s`, and a worker that overruns is
 killed and replaced in the background. A function that raises leaves its worker alive.
-Either way the call scores 0 for that function and is counted; the caller never stalls.
+Either way the call scores 0 for that function, is named in the result's `failed` and counted,
+and the first failure of each kind is logged (function name, the error's first line); the
+caller never stalls.
 
     runner = RewardRunner({"math": math_verify_reward}, weights={}, timeout_s=5.0)
     await runner.start()
@@ -93,6 +95,7 @@ class RewardRunner:
         self._calls = 0
         self._errors: Counter[str] = Counter()
         self._timeouts: Counter[str] = Counter()
+        self._logged: set[tuple[str, str]] = set()  # (function, kind of error) logged once
         self._restarts = 0
 
     async def start(self) -> None:
@@ -175,7 +178,7 @@ class RewardRunner:
             return None
         except RewardError as e:
             self._errors[name] += 1
-            logger.warning("reward %r failed: %s", name, e)
+            self._log_failure(name, str(e))
             if worker.alive():
                 self._idle.put_nowait(worker)
             else:
@@ -187,6 +190,24 @@ class RewardRunner:
             raise
         self._idle.put_nowait(worker)
         return score
+
+    def _log_failure(self, name: str, error: str) -> None:
+        """Logs the first failure of `name` with each kind of error; all are counted (stats).
+
+        A checker that raises on one completion usually raises on many: once is enough to
+        name it in the log, the counts show how often.
+        """
+        line = error.splitlines()[0] if error else "no message"
+        kind = line.split(":", 1)[0]  # the exception's type: _serve sends "Type: message"
+        if (name, kind) in self._logged:
+            return
+        self._logged.add((name, kind))
+        logger.warning(
+            "reward %r failed: %s (a failure, not a score; later %s failures are counted only)",
+            name,
+            line,
+            kind,
+        )
 
     def _spawn(self) -> "_Worker":
         worker = _Worker(self._payload)

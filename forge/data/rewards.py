@@ -1,10 +1,12 @@
 """Reward functions: plain functions `(row, text) -> float` that score one completion.
 
 `row` is the dataset row the prompt came from (forge.data.datasets): it carries the reference
-`answer`, the `task` and the task's `metadata`. `text` is the completion's text. A reward
-function never raises because of what the model wrote: text it cannot read scores 0. It does
-raise on a row it cannot use (no `answer`, a reference answer that is not math): that is a data
-error, which RewardActor counts and logs.
+`answer`, the `task` and the task's `metadata`. `text` is the completion's text. Our own answer
+extraction never raises because of what the model wrote: text it cannot read scores 0. A reward
+function does raise on a row it cannot use (no `answer`, a reference answer that is not math),
+and when the checker it calls raises (a reasoning-gym `score_answer`, math-verify's comparison):
+RewardActor then counts the call as the function's failure and logs it, rather than hide a
+checker's bug behind a score of 0 that looks like a wrong answer.
 
 Expected answer format, which `ANSWER_INSTRUCTION` asks for (forge.data.datasets puts it in
 every prompt by default):
@@ -31,6 +33,7 @@ from typing import Any
 
 import reasoning_gym
 from math_verify import parse, verify
+from math_verify.errors import TimeoutException
 
 RewardFn = Callable[[Mapping[str, Any], str], float]
 
@@ -98,6 +101,10 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
 
     The row needs `answer` and either `metadata["source_dataset"]` (set by reasoning-gym) or
     `task`: the name of the reasoning-gym dataset whose checker applies.
+
+    Raises:
+        KeyError: the row has no `answer`, or neither a source dataset nor a `task`.
+        Exception: whatever the task's checker raises, unchanged.
     """
     entry = {
         "question": row.get("question", ""),
@@ -109,12 +116,9 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
     answer = extract_answer(text)
     if answer is None:
         return 0.0
-    try:
-        return float(score_answer(answer, entry))
-    except Exception:
-        # Some checkers parse the answer (as a number, a grid, a list) and raise on garbage:
-        # for the model's text that is a wrong answer, not an error.
-        return 0.0
+    # Not caught: a checker that raises (some parse the answer and raise on what they cannot
+    # read) is counted as this function's failure by the caller, never silently scored 0.
+    return float(score_answer(answer, entry))
 
 
 @functools.cache
@@ -131,6 +135,8 @@ def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
 
     Raises:
         ValueError: the row's reference answer is not something math-verify can parse.
+        TimeoutError: math-verify's comparison ran past its timeout.
+        Exception: whatever else math-verify's comparison raises (it would return False).
     """
     timeout = _math_verify_timeout()
     reference = str(_required(row, "answer"))
@@ -141,7 +147,13 @@ def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
     predicted = parse(tagged if tagged is not None else text, parsing_timeout=timeout)
     if not predicted:
         return 0.0
-    return 1.0 if verify(gold, predicted, timeout_seconds=timeout) else 0.0
+    try:
+        # raise_on_error: math-verify would log a failed comparison at debug level and return
+        # False, a wrong answer to every reader of the score.
+        equal = verify(gold, predicted, timeout_seconds=timeout, raise_on_error=True)
+    except TimeoutException as e:  # a BaseException: the reward worker would die of it
+        raise TimeoutError(f"math-verify comparison ran past {timeout} s") from e
+    return 1.0 if equal else 0.0
 
 
 def _math_verify_timeout() -> int | None:

@@ -36,6 +36,7 @@ async def test_add_sample_stats_and_resume_across_the_process_boundary(buffer):
 
     stats = await buffer.stats.call_one()
     assert (stats["size"], stats["evicted_stale"], stats["sampled"]) == (4, 4, 4)
+    assert (stats["groups"], stats["groups_dropped"]) == (2, 2)  # whole groups of 2
     assert (stats["policy_age_min"], stats["policy_age_max"]) == (1, 1)
 
     await buffer.clear.call_one()
@@ -50,5 +51,8 @@ async def test_errors_reach_the_caller_and_the_actor_keeps_serving(buffer):
         await buffer.add.call_one([empty])
     with pytest.raises(ActorError, match="multiple of dp_size 2, got 3"):
         await buffer.sample.call_one(curr_policy_version=0, batch_size=3)
-    await buffer.add.call_one([episode(i, version=0) for i in range(4)])
+    await buffer.add.call_one([episode(0, version=0), episode(1, version=0)])
+    with pytest.raises(ActorError, match="group 'g0' is already in the buffer"):
+        await buffer.add.call_one([episode(1, version=0)])
+    await buffer.add.call_one([episode(i, version=0) for i in range(2, 4)])
     assert len(await buffer.sample.call_one(curr_policy_version=0)) == 2

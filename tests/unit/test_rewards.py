@@ -1,10 +1,13 @@
-"""Reward functions: answer extraction, reasoning-gym scoring, math-verify, robustness."""
+"""Reward functions: answer extraction, reasoning-gym scoring, math-verify, robustness, and a
+checker that raises counted as a failure."""
 
+import logging
 import threading
 
 import pytest
 import reasoning_gym
 
+from forge.data.reward_runner import RewardRunner
 from forge.data.rewards import (
     REWARD_FUNCTIONS,
     extract_answer,
@@ -71,6 +74,35 @@ def test_reasoning_gym_uses_the_tasks_own_checker():
     # The row's metadata names the checker even when "task" is absent.
     del row["task"]
     assert reasoning_gym_reward(row, f"<answer>{row['answer']}</answer>") == 1.0
+
+
+def test_a_checker_that_raises_is_not_turned_into_a_wrong_answer():
+    # prime_factorization's checker parses "a × b" and raises on an ASCII "x": that is the
+    # checker's failure to score, which the caller must count, not a silent 0.
+    row = rg_row("prime_factorization")
+    assert reasoning_gym_reward(row, f"<answer>{row['answer']}</answer>") == 1.0
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        reasoning_gym_reward(row, "<answer>3 x 3 x 71</answer>")
+
+
+async def test_a_raising_checker_is_counted_in_failed_and_stats_and_logged_once(caplog):
+    row = rg_row("prime_factorization")
+    texts = [f"<answer>{a}</answer>" for a in ("3 x 3 x 71", "7 x 91", row["answer"])]
+    functions = {"reasoning_gym": reasoning_gym_reward, "format": format_reward}
+    runner = RewardRunner(functions, weights={}, timeout_s=60.0)  # one worker process
+    await runner.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="forge.data.reward_runner"):
+            results = await runner.evaluate([row] * 3, texts)
+    finally:
+        await runner.close()
+    assert [r.failed for r in results] == [["reasoning_gym"], ["reasoning_gym"], []]
+    assert [r.reward for r in results] == [1.0, 1.0, 2.0]  # format 1 each, then the checker's
+    assert runner.stats()["errors"] == {"reasoning_gym": 2}
+    [logged] = [r.getMessage() for r in caplog.records]
+    assert logged.startswith(
+        "reward 'reasoning_gym' failed: ValueError: invalid literal for int() with base 10:"
+    )
 
 
 @pytest.mark.parametrize(
