@@ -13,7 +13,7 @@ the caller instead of killing a process silently. Monarch 0.7 refuses an actor c
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch.actor import Actor, ProcMesh, endpoint
@@ -137,9 +137,9 @@ class ActorOptions:
     async def launch(self, *args: Any, **kwargs: Any) -> tuple[Any, ProcMesh]:
         """Starts processes, spawns the actor on every one and awaits its `setup`."""
         provisioner = get_provisioner()
-        mesh = await provisioner.spawn_procs(self.process)
+        name = self.process.mesh_name or self.actor_cls.__name__
+        mesh = await provisioner.spawn_procs(replace(self.process, mesh_name=name))
         try:
-            name = self.process.mesh_name or self.actor_cls.__name__
             actor = mesh.spawn(name, self.actor_cls, *args, **kwargs)
             await actor.setup.call()
         except BaseException:

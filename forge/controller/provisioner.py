@@ -54,12 +54,15 @@ class ProvisionerConfig:
         hosts: hosts to emulate ("process") or nodes to allocate ("slurm"); "local" has one.
         gpus_per_host: None counts the GPUs torch sees here (or slurm.gpus_per_node).
         cpus_per_host: None uses the cores this process may run on.
+        stop_timeout_s: how long stopping a proc mesh may take before it counts as failed
+            (Monarch's stop can wait forever, e.g. on a host whose agent died).
     """
 
     launcher: str = "local"
     hosts: int = 1
     gpus_per_host: int | None = None
     cpus_per_host: int | None = None
+    stop_timeout_s: float = 60.0
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
@@ -110,12 +113,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, or its type's name if it has none."""
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
 def _log_fault(failure: Any) -> None:
     # Monarch's default hook exits the driver when any actor's process dies. Services detect
     # and repair dead replicas themselves (and count them), a plain actor's caller gets the
     # error, and stopping a mesh at shutdown reports its actors as failed too: a record in the
     # log, not a console warning.
-    logger.info("monarch fault: %s", str(failure).splitlines()[0])
+    logger.info("monarch fault: %s", first_line(failure))
 
 
 class Provisioner:
@@ -126,7 +134,7 @@ class Provisioner:
         self._job: Any = None
         self._host_mesh: HostMesh | None = None
         self._devices: list[HostDevices] = []
-        self._meshes: dict[int, tuple[ProcMesh, Placement]] = {}
+        self._meshes: dict[int, tuple[ProcMesh, Placement, str]] = {}
         self._owned: list[Stoppable] = []
         self._actors: dict[int, ProcMesh] = {}
         self._lock = asyncio.Lock()
@@ -203,7 +211,7 @@ class Provisioner:
         except BaseException:
             release(self._devices, placement)
             raise
-        self._meshes[id(mesh)] = (mesh, placement)
+        self._meshes[id(mesh)] = (mesh, placement, pc.mesh_name or "unnamed")
         return mesh
 
     def _hosts_slice(self, placement: Placement) -> HostMesh:
@@ -223,17 +231,40 @@ class Provisioner:
     async def stop_procs(self, mesh: ProcMesh) -> None:
         """Stops a proc mesh started by `spawn_procs` and frees its devices.
 
-        A mesh whose processes already died stops without error.
+        A mesh whose processes already died stops without error. If the stop fails, its
+        processes may still run: the mesh keeps its devices (no other mesh gets them), stays
+        counted in `num_procs`, a warning says so, and a later call (`shutdown` makes one)
+        tries again.
         """
-        entry = self._meshes.pop(id(mesh), None)
+        entry = self._meshes.get(id(mesh))
         if entry is None:
             return
+        _, placement, name = entry
         try:
-            await stop_proc_mesh(mesh)
-        except Exception as e:  # a dead mesh may refuse to stop; its devices are free anyway
-            logger.info("stopping a failed proc mesh: %s", str(e).splitlines()[0])
-        finally:
-            release(self._devices, entry[1])
+            async with asyncio.timeout(self.cfg.stop_timeout_s):
+                await stop_proc_mesh(mesh)
+        except Exception as e:
+            cause = (
+                f"no answer in {self.cfg.stop_timeout_s}s"
+                if isinstance(e, TimeoutError)
+                else first_line(e)
+            )
+            logger.warning(
+                "proc mesh %s failed to stop (%s); its processes may still run, so its "
+                "devices stay reserved (%s)",
+                name,
+                cause,
+                self._describe(placement),
+            )
+            return
+        del self._meshes[id(mesh)]
+        release(self._devices, placement)
+
+    def _describe(self, placement: Placement) -> str:
+        hosts = zip(placement.hosts, placement.gpus, placement.cpus, strict=True)
+        return "; ".join(
+            f"{self._devices[h].name}: GPUs {list(g)}, cores {list(c)}" for h, g, c in hosts
+        )
 
     def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
         """Remembers which proc mesh an `as_actor` handle runs on, for `stop_actor`."""
@@ -257,7 +288,7 @@ class Provisioner:
     @property
     def num_procs(self) -> int:
         """Processes currently started by this provisioner (for tests and metrics)."""
-        return sum(p.world_size for _, p in self._meshes.values())
+        return sum(p.world_size for _, p, _ in self._meshes.values())
 
     async def shutdown(self) -> None:
         """Stops every service, actor and proc mesh started here, then the hosts' job."""
@@ -265,7 +296,7 @@ class Provisioner:
             await thing.shutdown()
         self._owned.clear()
         self._actors.clear()
-        for mesh, _ in list(self._meshes.values()):
+        for mesh, _, _ in list(self._meshes.values()):
             await self.stop_procs(mesh)
         if self._job is not None:
             self._job.kill()
