@@ -2,6 +2,8 @@
 
 import asyncio
 import os
+import threading
+from pathlib import Path
 
 import torch
 from monarch.actor import endpoint
@@ -48,6 +50,13 @@ class Echo(ForgeActor):
         raise ValueError(message)
 
     @endpoint
+    async def hang(self, marker: str) -> None:
+        """Touches `marker`, then blocks this actor's thread forever, as a stuck C call or
+        collective would: no later message, `ping` included, is ever handled."""
+        Path(marker).touch()
+        threading.Event().wait()
+
+    @endpoint
     async def recover_to(self, version: int) -> None:
         self.recovered_to = version
 
@@ -83,3 +92,22 @@ class BadSetup(ForgeActor):
     @endpoint
     async def setup(self) -> None:
         raise RuntimeError("setup failed: no model at /nowhere")
+
+
+class BrokenPing(Echo):
+    """An Echo whose `ping` raises while told to, as a faulty health-check override would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings_to_fail = 0
+
+    @endpoint
+    async def ping(self) -> int:
+        if self.pings_to_fail:
+            self.pings_to_fail -= 1
+            raise RuntimeError("ping broke on purpose")
+        return os.getpid()
+
+    @endpoint
+    async def fail_pings(self, n: int) -> None:
+        self.pings_to_fail = n

@@ -4,13 +4,15 @@ import asyncio
 import collections
 import os
 import signal
+import time
 
+import psutil
 import pytest
-from helper_actors import BadSetup, Echo
+from helper_actors import BadSetup, BrokenPing, Echo
 from monarch.actor import ActorError
 
-from forge.controller import get_provisioner, shutdown
-from forge.controller.service import ReplicaDiedError
+from forge.controller import ServiceConfig, get_provisioner, shutdown
+from forge.controller.service import ReplicaDiedError, ReplicaHungError
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +157,89 @@ async def test_setup_error_reaches_caller_and_leaves_no_process(provisioner):
     with pytest.raises(ActorError, match="no model at /nowhere"):
         await BadSetup.options(num_replicas=2).as_service()
     assert provisioner.num_procs == 0
+
+
+async def test_hung_replica_is_detected_failed_over_and_replaced(provisioner, tmp_path):
+    interval, deadline, misses = 0.5, 1.0, 3
+    service = await Echo.options(
+        num_replicas=2,
+        health_interval_s=interval,
+        health_timeout_s=deadline,
+        health_misses=misses,
+    ).as_service()
+
+    async def on_recover(actor) -> None:
+        await actor.recover_to.call(7)
+
+    service.on_recover = on_recover
+    hung_actor, healthy_actor = service.replica_actors()
+    hung_pid = (await hung_actor.info.call_one())["pid"]
+    healthy_pid = (await healthy_actor.info.call_one())["pid"]
+    marker = tmp_path / "hanging"
+    hang = asyncio.ensure_future(hung_actor.hang.call_one(str(marker)))
+    await wait_until(marker.exists)
+    hung_at = marker.stat().st_mtime
+    # Round-robin puts every other call on replica 0, where it is stuck behind the hang.
+    safe = [asyncio.ensure_future(service.work.route(i)) for i in range(6)]
+    unsafe = [asyncio.ensure_future(service.unsafe_work.route(i)) for i in range(6)]
+
+    await wait_until(lambda: service.metrics()[0]["state"] != "healthy", timeout=30)
+    detected_s = time.time() - hung_at
+    bound = interval + misses * deadline
+    print(f"hung replica detected {detected_s:.2f}s after it hung (bound {bound}s)")
+    # Slack over the bound: this loop's 0.1 s polling and event-loop lag on a shared machine.
+    assert (misses - 1) * deadline < detected_s <= bound + 0.5
+
+    # The stuck retry-safe calls completed on the healthy replica; stuck unsafe ones failed.
+    assert await asyncio.gather(*safe) == [(healthy_pid, i) for i in range(6)]
+    assert service.retries == 3
+    unsafe_results = await asyncio.gather(*unsafe, return_exceptions=True)
+    failed = [r for r in unsafe_results if isinstance(r, BaseException)]
+    served = {r for r in unsafe_results if not isinstance(r, BaseException)}
+    assert len(failed) == 3 and all(isinstance(e, ReplicaHungError) for e in failed), failed
+    for e in failed:
+        assert str(e).startswith("Echo.unsafe_work: replica 0 hung during the call: ")
+        assert "\n" not in str(e) and "not retry_safe" in str(e)
+    assert served == {(healthy_pid, i) for i in (1, 3, 5)}
+
+    # Calls made after detection go to the healthy replica only (no retries), while the
+    # replacement is still starting (stopping the blocked process alone takes seconds).
+    after = await asyncio.gather(*(service.work.route(i) for i in range(10)))
+    assert {pid for pid, _ in after} == {healthy_pid} and service.retries == 3
+    assert service.metrics()[0]["state"] != "healthy"
+
+    await wait_until(lambda: service.metrics()[0]["recoveries"] == 1)
+    await wait_until(lambda: not psutil.pid_exists(hung_pid))
+    assert isinstance((await asyncio.gather(hang, return_exceptions=True))[0], Exception)
+    infos = await service.info.fanout()
+    (new,) = [i for i in infos if i["pid"] != healthy_pid]
+    assert new["recovered_to"] == 7 and new["setup_done"]
+    m0, m1 = service.metrics()
+    assert (m0["state"], m0["hangs"], m0["deaths"], m1["hangs"]) == ("healthy", 1, 0, 0)
+    results = await asyncio.gather(*(service.work.route(i) for i in range(10)))
+    assert {pid for pid, _ in results} == {new["pid"], healthy_pid}
+
+
+async def test_health_checks_survive_errors_and_still_catch_a_hang(provisioner, tmp_path):
+    service = await BrokenPing.options(
+        health_interval_s=0.2, health_timeout_s=1.0, health_misses=2
+    ).as_service()
+    (actor,) = service.replica_actors()
+    await actor.fail_pings.call_one(3)
+    await wait_until(lambda: service.metrics()[0]["check_errors"] == 3)
+    assert service.metrics()[0]["state"] == "healthy"
+
+    # The same checks still act: a hang is caught and the replica replaced.
+    hang = asyncio.ensure_future(actor.hang.call_one(str(tmp_path / "hanging")))
+    await wait_until(lambda: service.metrics()[0]["recoveries"] == 1)
+    assert isinstance((await asyncio.gather(hang, return_exceptions=True))[0], Exception)
+    (m,) = service.metrics()
+    assert (m["state"], m["check_errors"], m["hangs"], m["deaths"]) == ("healthy", 3, 1, 0)
+    assert (await service.work.route(5))[1] == 5
+
+
+def test_health_settings_are_validated():
+    with pytest.raises(ValueError, match="^health_misses must be >= 1, got 0$"):
+        ServiceConfig(health_misses=0)
+    with pytest.raises(ValueError, match="^health_timeout_s must be > 0, got 0$"):
+        ServiceConfig(health_timeout_s=0)

@@ -4,6 +4,7 @@ from forge.controller.service.replica import ReplicaState
 from forge.controller.service.service import (
     NoHealthyReplicaError,
     ReplicaDiedError,
+    ReplicaHungError,
     Service,
     ServiceConfig,
     ServiceEndpoint,
@@ -12,6 +13,7 @@ from forge.controller.service.service import (
 __all__ = [
     "NoHealthyReplicaError",
     "ReplicaDiedError",
+    "ReplicaHungError",
     "ReplicaState",
     "Service",
     "ServiceConfig",

@@ -11,6 +11,10 @@ from typing import Any
 from monarch.actor import ActorError
 
 
+class CallAbandoned(Exception):
+    """Raised by `Replica.call` when the service gives up on the replica while the call waits."""
+
+
 class ReplicaState(Enum):
     STARTING = "starting"
     HEALTHY = "healthy"
@@ -27,6 +31,8 @@ class ReplicaMetrics:
     requests: int = 0
     errors: int = 0  # the endpoint raised
     deaths: int = 0  # the process died
+    hangs: int = 0  # missed `health_misses` health checks in a row
+    check_errors: int = 0  # a health check raised instead of answering (not a miss)
     recoveries: int = 0
     latencies_s: deque = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -38,7 +44,8 @@ class Replica:
     """A replica's actor handle plus a cap of `max_concurrent` requests; the rest queue.
 
     `generation` counts respawns, so a failure seen by a call made before a respawn is not
-    blamed on the new process.
+    blamed on the new process. `abandon_calls` releases every call waiting on the current
+    process, which a hung process would never answer.
     """
 
     def __init__(self, index: int, max_concurrent: int) -> None:
@@ -53,6 +60,7 @@ class Replica:
         self.queued = 0
         self.metrics = ReplicaMetrics()
         self._slots = asyncio.Semaphore(max_concurrent)
+        self._calls: set[asyncio.Task] = set()
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -68,14 +76,43 @@ class Replica:
         """Calls endpoint `name`, waiting for a free slot first.
 
         One process answers with its value; a multi-process replica answers with the list of
-        its ranks' values. An exception the endpoint raised is re-raised as itself.
+        its ranks' values. An exception the endpoint raised is re-raised as itself. Raises
+        CallAbandoned if `abandon_calls` runs while the call waits, queued or running.
         """
+        calls = self._calls
+        call = asyncio.ensure_future(self._call(name, args, kwargs))
+        calls.add(call)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            # `abandon_calls` swapped the set and cancelled the call; our own task was not.
+            if calls is not self._calls and not asyncio.current_task().cancelling():
+                raise CallAbandoned(f"replica {self.index} abandoned the call to {name}") from None
+            raise
+        finally:
+            calls.discard(call)
+
+    def abandon_calls(self) -> None:
+        """Makes every call waiting on this replica raise CallAbandoned; later calls are not."""
+        abandoned, self._calls = self._calls, set()
+        for call in abandoned:
+            call.cancel()
+
+    async def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         self.queued += 1
         self.idle.clear()
         try:
-            await self._slots.acquire()
+            try:
+                await self._slots.acquire()
+            finally:
+                self.queued -= 1
+            return await self._run(name, args, kwargs)
         finally:
-            self.queued -= 1
+            # Also when the call is abandoned in the queue, or a drain would wait forever.
+            if self.load == 0:
+                self.idle.set()
+
+    async def _run(self, name: str, args: tuple, kwargs: dict) -> Any:
         self.in_flight += 1
         start = time.perf_counter()
         try:
@@ -93,8 +130,6 @@ class Replica:
             self.metrics.requests += 1
             self.in_flight -= 1
             self._slots.release()
-            if self.load == 0:
-                self.idle.set()
 
     def snapshot(self) -> dict[str, Any]:
         """This replica's state and metrics as plain values."""
@@ -105,6 +140,8 @@ class Replica:
             "requests": m.requests,
             "errors": m.errors,
             "deaths": m.deaths,
+            "hangs": m.hangs,
+            "check_errors": m.check_errors,
             "recoveries": m.recoveries,
             "in_flight": self.in_flight,
             "queued": self.queued,

@@ -9,8 +9,10 @@
 
 The service lives in the caller's process, so routing adds no network hop. Failures follow
 this rule: endpoint errors reach the caller and the replica keeps serving; a replica whose
-process dies is respawned in the background, set up, passed through `on_recover` and only then
-given traffic; a call it was running is retried once elsewhere if the endpoint is `retry_safe`.
+process dies, or that misses `health_misses` health checks in a row (it hung), is taken out of
+routing, its processes stopped, and respawned in the background, set up, passed through
+`on_recover` and only then given traffic; a call it was running or queueing is retried once
+elsewhere if the endpoint is `retry_safe`, else fails with an error naming the replica.
 """
 
 import asyncio
@@ -23,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 # Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+from monarch.actor import ActorError
 
 from forge.controller.actor import is_retry_safe
-from forge.controller.provisioner import get_provisioner
-from forge.controller.service.replica import Replica, ReplicaState
+from forge.controller.provisioner import first_line, get_provisioner
+from forge.controller.service.replica import CallAbandoned, Replica, ReplicaState
 from forge.controller.service.router import ROUTERS
 
 if TYPE_CHECKING:
@@ -37,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 class ReplicaDiedError(RuntimeError):
     """A call's replica died and the call was not (or could not be) retried."""
+
+
+class ReplicaHungError(ReplicaDiedError):
+    """A call's replica stopped answering health checks and was replaced; the call was not
+    (or could not be) retried."""
 
 
 class NoHealthyReplicaError(RuntimeError):
@@ -51,7 +59,14 @@ class ServiceConfig:
         num_replicas: replicas to start.
         max_concurrent: requests running at once on one replica; more wait in its queue.
         routing: "round_robin" or "least_loaded".
-        health_interval_s: seconds between health checks of every replica.
+        health_interval_s: seconds between health checks of a replica.
+        health_timeout_s: how long a health check (a `ping`) may go unanswered before it counts
+            as missed. A plain `@endpoint` holds its actor's message loop while it runs, so
+            `ping` waits behind it: keep `health_timeout_s * health_misses` above the longest
+            such call, or it is taken for a hang.
+        health_misses: missed checks in a row that mark a replica hung; a missed check is
+            followed at once by the next, so a hang is detected within
+            `health_interval_s + health_misses * health_timeout_s`.
         recovery_timeout_s: how long a call waits for some replica to be healthy.
         max_restarts: attempts to respawn a dead replica before giving it up.
     """
@@ -60,6 +75,8 @@ class ServiceConfig:
     max_concurrent: int = 64
     routing: str = "round_robin"
     health_interval_s: float = 2.0
+    health_timeout_s: float = 30.0
+    health_misses: int = 3
     recovery_timeout_s: float = 300.0
     max_restarts: int = 3
 
@@ -68,6 +85,11 @@ class ServiceConfig:
             raise ValueError(f"routing must be one of {sorted(ROUTERS)}, got {self.routing!r}")
         if self.num_replicas < 0 or self.max_concurrent < 1:
             raise ValueError("num_replicas must be >= 0 and max_concurrent >= 1")
+        for key in ("health_interval_s", "health_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
+        if self.health_misses < 1:
+            raise ValueError(f"health_misses must be >= 1, got {self.health_misses}")
 
 
 class ServiceEndpoint:
@@ -85,8 +107,8 @@ class ServiceEndpoint:
     async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
         """Calls every healthy replica and returns their values, in replica order.
 
-        A replica that dies during the call is left out: its respawn passes `on_recover`,
-        which is where it catches up.
+        A replica that dies or hangs during the call is left out: its respawn passes
+        `on_recover`, which is where it catches up.
         """
         return await self._service._fanout(self.name, args, kwargs)
 
@@ -125,10 +147,16 @@ class Service:
     # --- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Starts the replicas and the health checks; returns once all replicas are healthy."""
+        """Starts the replicas, each health-checked; returns once all replicas are healthy.
+
+        If one fails to start, the others are stopped too and the first error is raised.
+        """
         get_provisioner().own(self)
-        await self.scale(self.cfg.num_replicas)
-        self._spawn_task(self._health_loop())
+        try:
+            await self.scale(self.cfg.num_replicas)
+        except BaseException:
+            await self.shutdown()
+            raise
 
     async def shutdown(self) -> None:
         """Stops health checks, recoveries and every replica's processes."""
@@ -150,7 +178,13 @@ class Service:
         async with self._scale_lock:
             live = [r for r in self._replicas if r.state is not ReplicaState.DRAINING]
             if n > len(live):
-                await asyncio.gather(*(self._add_replica() for _ in range(n - len(live))))
+                # Every start settles before an error is raised: none is left starting unseen.
+                started = await asyncio.gather(
+                    *(self._add_replica() for _ in range(n - len(live))), return_exceptions=True
+                )
+                errors = [e for e in started if isinstance(e, BaseException)]
+                if errors:
+                    raise errors[0]
             for replica in live[n:]:
                 replica.state = ReplicaState.DRAINING
             await asyncio.gather(*(self._drain(r) for r in live[n:]))
@@ -162,7 +196,8 @@ class Service:
         try:
             await self._bring_up(replica)
         except BaseException:
-            self._replicas.remove(replica)
+            if replica in self._replicas:  # a concurrent shutdown may have removed it
+                self._replicas.remove(replica)
             raise
 
     async def _bring_up(self, replica: Replica) -> None:
@@ -179,6 +214,7 @@ class Service:
         replica.world_size = self.options.process.procs * (self.options.process.hosts or 1)
         replica.generation += 1
         await self._set_state(replica, ReplicaState.HEALTHY)
+        self._spawn_task(self._watch(replica))
 
     async def _drain(self, replica: Replica) -> None:
         await replica.idle.wait()
@@ -206,14 +242,33 @@ class Service:
 
     # --- failures ---------------------------------------------------------------------------
 
+    def _is_current(self, replica: Replica, generation: int) -> bool:
+        """Whether `generation` of `replica` is the one serving (not failed or replaced)."""
+        return replica.generation == generation and replica.state is ReplicaState.HEALTHY
+
     def _mark_dead(self, replica: Replica, generation: int, error: BaseException) -> None:
-        if replica.generation != generation or replica.state is not ReplicaState.HEALTHY:
+        if not self._is_current(replica, generation):
             return  # already known, or the failure belongs to a process since replaced
-        replica.state = ReplicaState.FAILED
         replica.metrics.deaths += 1
+        logger.warning("%s replica %d died: %s", self.name, replica.index, first_line(error))
+        self._replace(replica)
+
+    def _mark_hung(self, replica: Replica, generation: int) -> None:
+        if not self._is_current(replica, generation):
+            return
+        replica.metrics.hangs += 1
         logger.warning(
-            "%s replica %d died: %s", self.name, replica.index, str(error).splitlines()[0]
+            "%s replica %d hung: %s; replacing it", self.name, replica.index, self._hang_cause()
         )
+        self._replace(replica)
+        replica.abandon_calls()  # they would wait forever; retry-safe ones move on
+
+    def _hang_cause(self) -> str:
+        cfg = self.cfg
+        return f"{cfg.health_misses} health checks in a row unanswered in {cfg.health_timeout_s}s"
+
+    def _replace(self, replica: Replica) -> None:
+        replica.state = ReplicaState.FAILED
         replica.recovery = self._spawn_task(self._recover(replica))
 
     async def _recover(self, replica: Replica) -> None:
@@ -240,17 +295,45 @@ class Service:
             return
         await self._set_state(replica, ReplicaState.FAILED)
 
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.health_interval_s)
-            await asyncio.gather(*(self._check(r) for r in self._replicas if r.healthy))
+    async def _watch(self, replica: Replica) -> None:
+        """Health-checks one generation of `replica` until it stops serving.
 
-    async def _check(self, replica: Replica) -> None:
-        generation = replica.generation
-        try:
-            await replica.actor.ping.call()
-        except SupervisionError as e:
-            self._mark_dead(replica, generation, e)
+        Each replica has its own checks, so a hung one delays no other's. A check unanswered
+        within `health_timeout_s` is missed and the next follows at once; `health_misses` in a
+        row mark the replica hung. Errors other than a dead process are logged and counted,
+        and checking goes on.
+        """
+        generation, misses = replica.generation, 0
+        while True:
+            if misses == 0:
+                await asyncio.sleep(self.cfg.health_interval_s)
+            if not self._is_current(replica, generation):
+                return
+            try:
+                async with asyncio.timeout(self.cfg.health_timeout_s):
+                    await replica.actor.ping.call()
+                misses = 0
+            except TimeoutError:
+                misses += 1
+                if misses == self.cfg.health_misses:
+                    self._mark_hung(replica, generation)
+            except SupervisionError as e:
+                self._mark_dead(replica, generation, e)
+            except Exception as e:
+                misses = 0  # it answered, with an error: not hung
+                self._check_failed(replica, e)
+
+    def _check_failed(self, replica: Replica, error: Exception) -> None:
+        replica.metrics.check_errors += 1
+        # An ActorError's first line names only the call; the remote exception says why.
+        cause = error.exception if isinstance(error, ActorError) else error
+        logger.warning(
+            "%s replica %d: health check failed, still checking: %s: %s",
+            self.name,
+            replica.index,
+            type(cause).__name__,
+            first_line(cause),
+        )
 
     # --- calls ------------------------------------------------------------------------------
 
@@ -281,26 +364,32 @@ class Service:
 
     async def _route(self, endpoint: ServiceEndpoint, args: tuple, kwargs: dict) -> Any:
         replica = await self._healthy_replica()
-        generation = replica.generation
         try:
-            return await replica.call(endpoint.name, args, kwargs)
-        except SupervisionError as e:
-            self._mark_dead(replica, generation, e)
+            return await self._call(
+                replica, endpoint, args, kwargs, "endpoint not retry_safe, so not retried"
+            )
+        except ReplicaDiedError:
             if not endpoint.retry_safe:
-                raise ReplicaDiedError(
-                    f"{self.name}.{endpoint.name}: replica {replica.index} died during the call "
-                    "(endpoint not retry_safe, so not retried)"
-                ) from e
+                raise
         self.retries += 1
         replica = await self._healthy_replica()
+        return await self._call(replica, endpoint, args, kwargs, "this was the call's retry")
+
+    async def _call(
+        self, replica: Replica, endpoint: ServiceEndpoint, args: tuple, kwargs: dict, note: str
+    ) -> Any:
+        """One call on `replica`; if the replica dies or hangs, an error naming it and `note`."""
         generation = replica.generation
+        where = f"{self.name}.{endpoint.name}: replica {replica.index}"
         try:
             return await replica.call(endpoint.name, args, kwargs)
         except SupervisionError as e:
             self._mark_dead(replica, generation, e)
-            raise ReplicaDiedError(
-                f"{self.name}.{endpoint.name}: replica died, and so did the one it was retried on"
-            ) from e
+            raise ReplicaDiedError(f"{where} died during the call ({note})") from e
+        except CallAbandoned:
+            raise ReplicaHungError(
+                f"{where} hung during the call: {self._hang_cause()} ({note})"
+            ) from None
 
     async def _fanout(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         replicas = [r for r in self._replicas if r.healthy]
@@ -312,6 +401,8 @@ class Service:
         for replica, generation, result in zip(replicas, generations, results, strict=True):
             if isinstance(result, SupervisionError):
                 self._mark_dead(replica, generation, result)
+            elif isinstance(result, CallAbandoned):
+                pass  # hung; its respawn catches up through on_recover
             elif isinstance(result, BaseException):
                 raise result
             else:
