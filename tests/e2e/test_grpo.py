@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -95,6 +96,30 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
     # Fresh data gives ratio 1 and group-normalised advantages average to ~0, so the loss value
     # is ~0 in both modes; the gradient shows that the step really trained on something.
     assert min(m["train/grad_norm"] for m in metrics(runs["sync"])) > 1e-3
+
+
+def test_groups_reused_and_gone_stale_are_trained_whole_or_dropped_whole(tmp_path):
+    """Async, drain updates, FIFO with `max_reuse: 2` at `max_policy_age: 1`: a group trains at
+    two versions, so the groups queued behind it grow stale and are evicted. Every trained
+    group is whole in its step, and what was evicted is whole groups."""
+    run_dir = tmp_path / "groups"
+    group_size = 4  # the tiny config's
+    finish(grpo(TINY, run_dir, VOWELS, "steps=6", "buffer.max_reuse=2", "export_hf=false"), run_dir)
+    steps, records = metrics(run_dir), trained(run_dir)
+    uses: Counter[str] = Counter()
+    for record in records:
+        groups = Counter(e.split("-")[0] for e in record["episodes"])
+        assert set(groups.values()) == {group_size}, record  # each group whole, none split
+        uses.update(groups.keys())
+        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+        assert 0 <= min(ages) and max(ages) <= 1, record  # by the group's oldest sample
+    assert max(uses.values()) == 2  # reuse happened
+    evicted = int(max(m["buffer/evicted_stale"] for m in steps))
+    print(f"groups trained {len(uses)}, evicted stale {evicted // group_size} (whole)")
+    assert evicted > 0 and evicted % group_size == 0
+    # A group never trained although a later one was: evicted whole (or still on its way).
+    never = set(map(str, range(max(map(int, uses))))) - set(uses)
+    assert len(never) <= evicted // group_size + 16 // group_size, never  # 16: the gate's limit
 
 
 def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path):
