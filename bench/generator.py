@@ -15,12 +15,14 @@ import asyncio
 import os
 import time
 import uuid
+from pathlib import Path
 
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
 from forge.controller import shutdown
 from forge.models import resolve_model
+from forge.weights.shm_folders import ShmFolder
 from forge.weights.shm_transport import SharedMemoryTransport
 from forge.weights.transport import TransportConfig
 
@@ -91,11 +93,20 @@ async def update_under_load(service, texts: list[str], version: int, mode: str) 
 
 
 async def main(args: argparse.Namespace) -> None:
+    shm = ShmFolder.create(f"bench-generator-{os.getpid()}", "bench/generator.py")
+    try:
+        await run(args, shm.path)
+    finally:
+        await shutdown()
+        shm.remove()  # versions and the spare file: nothing stays in shared memory
+
+
+async def run(args: argparse.Namespace, shm: Path) -> None:
     cfg = GeneratorConfig(
         max_model_len=1024,
         kv_cache_mb=1024,
         sampling=SamplingConfig(n=args.samples, max_tokens=args.tokens, ignore_eos=True),
-        transport=TransportConfig(path="/dev/shm/forge-bench-weights"),
+        transport=TransportConfig(path=str(shm)),
     )
     texts = prompts(args.prompts)
     print(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
@@ -116,11 +127,11 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB): fetch "
             f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s, "
-            f"swap (engine stopped) {r['swap_s']:.3f}s; run {r['tokens_per_s']:.1f} tokens/s, "
-            f"{r['split_sequences']} sequences span two versions"
+            f"swap (engine stopped) {r['swap_s']:.3f}s, of which verify {r['verify_s']:.3f}s; "
+            f"run {r['tokens_per_s']:.1f} tokens/s, {r['split_sequences']} sequences span two "
+            "versions"
         )
         await transport.delete(version)
-    await shutdown()
 
 
 if __name__ == "__main__":

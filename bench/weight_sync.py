@@ -2,8 +2,9 @@
 
 For SmolLM2-135M (fp32) and each transport, in one run: the bytes of one version, the raw
 memory-copy bandwidth (a preallocated `dst.copy_(src)`), and per version the trainer's publish
-(gather + HF renaming + write), the generator's fetch (wait + verify) and its swap (engine
-stopped: load + re-pack + resume). Totals are printed as a multiple of bytes / copy bandwidth.
+(gather + HF renaming + write), the generator's fetch (wait for the manifest, pin the file;
+torchstore: get and stage it) and its swap (engine stopped: verify + load + re-pack + resume).
+Totals are printed as a multiple of bytes / copy bandwidth.
 Versions are retired as a run retires them, so the steady state is what is reported (median of
 versions 2..N; version 1 pays first-touch page faults).
 
@@ -12,8 +13,8 @@ versions 2..N; version 1 pays first-touch page faults).
 
 import argparse
 import asyncio
+import os
 import statistics
-import tempfile
 import time
 
 import torch
@@ -24,6 +25,7 @@ from forge.controller import shutdown
 from forge.models import smollm2
 from forge.models.titan import hf_state_dict
 from forge.weights import torchstore_compat
+from forge.weights.shm_folders import ShmFolder
 from forge.weights.transport import TransportConfig, delete_older_than, make_transport
 
 
@@ -47,7 +49,13 @@ async def measure(transport: TransportConfig, versions: int) -> dict[str, float]
         GeneratorConfig(model=model, max_model_len=512, kv_cache_mb=64, transport=transport)
     )
     store = make_transport(transport)
-    phases: dict[str, list[float]] = {"publish": [], "fetch": [], "swap": [], "pause": []}
+    phases: dict[str, list[float]] = {
+        "publish": [],
+        "fetch": [],
+        "swap": [],
+        "pause": [],
+        "verify": [],
+    }
     for version in range(1, versions + 1):
         pushed = await trainer.push_weights.call_one(version)
         updated = await generator.update_weights.call_one(version)
@@ -57,10 +65,11 @@ async def measure(transport: TransportConfig, versions: int) -> dict[str, float]
             phases["fetch"].append(updated["fetch_s"])
             phases["pause"].append(updated["pause_s"])
             phases["swap"].append(updated["swap_s"])
+            phases["verify"].append(updated["verify_s"])
         print(
             f"  {transport.kind} v{version}: publish {pushed['publish_s']:.3f}s "
             f"(+ gather {pushed['gather_s']:.3f}s), fetch {updated['fetch_s']:.3f}s, "
-            f"swap {updated['swap_s']:.3f}s",
+            f"swap {updated['swap_s']:.3f}s (verify {updated['verify_s']:.3f}s)",
             flush=True,
         )
     await shutdown()
@@ -75,20 +84,24 @@ async def main(args: argparse.Namespace) -> None:
     print(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
     results = {}
     for kind in args.transports:
-        if kind == "shm":
-            cfg = TransportConfig(kind="shm", path=tempfile.mkdtemp(dir="/dev/shm"))
-        else:
-            await torchstore_compat.initialize()
-            cfg = TransportConfig(kind="torchstore", path="bench-weights")
-        results[kind] = await measure(cfg, args.versions)
-        if kind == "torchstore":
-            await torchstore_compat.shutdown()
+        shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
+        try:
+            if kind == "shm":
+                cfg = TransportConfig(kind="shm", path=str(shm.path))
+            else:
+                await torchstore_compat.initialize()  # stopped by measure's shutdown()
+                cfg = TransportConfig(kind="torchstore", path="bench-weights")
+            results[kind] = await measure(cfg, args.versions)
+        finally:
+            await shutdown()  # a no-op after measure's, unless it failed
+            shm.remove()
     for kind, r in results.items():
         total = r["publish"] + r["fetch"] + r["swap"]
         moved = r["publish"] + r["fetch"]
         print(
             f"{kind:10s} publish {r['publish']:.3f}s  fetch {r['fetch']:.3f}s  "
-            f"swap {r['swap']:.3f}s  total {total:.3f}s = {total / bound:.1f}x bound "
+            f"swap {r['swap']:.3f}s (verify {r['verify']:.3f}s)  total {total:.3f}s = "
+            f"{total / bound:.1f}x bound "
             f"(publish + fetch {moved:.3f}s = {moved / bound:.1f}x; swap alone "
             f"{r['swap'] / bound:.1f}x)"
         )

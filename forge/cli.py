@@ -1,13 +1,17 @@
 """The `forge` command line (also `python -m forge`).
 
     forge run APP_PATH [--config FILE] [--verbose] [key=value ...]
+    forge clean
 
-runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
+`forge run` runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
 `async def`, whose first parameter is annotated with the app's config dataclass. The config is
 loaded from FILE and the overrides (see forge.config) before main is called, so a bad config
 fails with one line before any process starts. When the config has a `run_dir`, everything
 but forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
 <run_dir>/forge.log unless `--verbose`.
+
+`forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
+doing so themselves (killed with SIGKILL); runs do the same when they start.
 """
 
 import argparse
@@ -58,7 +62,30 @@ def _parser() -> argparse.ArgumentParser:
         help="show every library's output here too, instead of only in <run_dir>/forge.log",
     )
     run.set_defaults(command=_run)
+    clean = commands.add_parser(
+        "clean",
+        help="remove the shared memory that dead forge processes left",
+        description="Remove every forge folder in /dev/shm whose owner process is dead.",
+    )
+    clean.set_defaults(command=_clean)
     return parser
+
+
+def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge clean`: one line per folder removed, then the total."""
+    if overrides:
+        _fail(f"error: forge clean takes no arguments, got {' '.join(overrides)}")
+    # Imported here: it loads Monarch (seconds), which `forge --help` or a usage error need not.
+    from forge.weights.shm_folders import SHM_ROOT, remove_dead
+
+    removed = remove_dead()
+    for folder, owner, size in removed:
+        print(f"removed {folder} ({size / 1e6:.1f} MB; {owner.what}, pid {owner.pid} is gone)")
+    total = sum(size for _, _, size in removed)
+    print(
+        f"forge clean: {len(removed)} folders of dead processes removed from {SHM_ROOT}, "
+        f"{total / 1e6:.1f} MB given back"
+    )
 
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -74,6 +101,9 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     capture_to(log)
     try:
         _call(app_main, cfg)
+    except ConfigError as e:  # found by the run: its folder holds another config's run
+        say(f"forge: config error: {e}")  # on the console: stderr now goes to the log
+        raise SystemExit(2) from None
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
         first = (str(e).splitlines() or [""])[0]
         say(

@@ -11,11 +11,11 @@ modes (docs/architecture.md): `drain`, `abort` (resubmit prompt + tokens so far)
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import signal
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,8 +27,9 @@ from monarch.actor.concurrent import concurrent_endpoint
 
 from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
-from forge.weights.manifest import Manifest, WeightVersionError
-from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.manifest import Manifest, WeightVersionError, WeightVersionGone
+from forge.weights.shm_folders import ShmFolder
+from forge.weights.shm_transport import SharedMemoryTransport, pin
 from forge.weights.transport import TransportConfig, make_transport
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class Generator(ForgeActor):
         self._update_lock = asyncio.Lock()
         self._stats = _EngineStats()
         self.engine: Any = None
+        self._staging: ShmFolder | None = None  # torchstore only: versions staged for the engine
 
     @endpoint
     async def setup(self) -> None:
@@ -129,7 +131,6 @@ class Generator(ForgeActor):
         await self.engine.update_weight_version(str(self.version))
         await self.engine.collective_rpc("forge_die_with_parent")
         self.transport = make_transport(cfg.transport)
-        self._staging: SharedMemoryTransport | None = None  # torchstore only, made on first use
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -243,47 +244,61 @@ class Generator(ForgeActor):
 
     async def _update(self, version: int, mode: str) -> dict[str, Any]:
         if version == self.version:
-            return {"mode": "none", "fetch_s": 0.0, "pause_s": 0.0, "swap_s": 0.0}
+            return {"mode": "none", "fetch_s": 0.0, "pause_s": 0.0, "swap_s": 0.0, "verify_s": 0.0}
         start = time.perf_counter()
         try:
-            path, manifest = await self._fetch(version)
+            async with contextlib.AsyncExitStack() as stack:
+                path, manifest = await self._pin(version, stack)
+                fetched = time.perf_counter()
+                async with self._update_lock:
+                    mode = await self._pause(mode)
+                    paused = time.perf_counter()
+                    try:
+                        verify_s = await self._load(path, manifest)
+                        self.version = version
+                        await self.engine.update_weight_version(str(version))
+                    finally:
+                        await self.engine.resume_generation()
         except WeightVersionError as e:
-            raise WeightVersionError(f"{e}; generator stays on version {self.version}") from None
-        fetched = time.perf_counter()
-        async with self._update_lock:
-            mode = await self._pause(mode)
-            paused = time.perf_counter()
-            try:
-                kwargs = {"path": str(path), "manifest_json": manifest.to_json()}
-                await self.engine.collective_rpc("forge_load_packed", kwargs=kwargs)
-                self.version = version
-                await self.engine.update_weight_version(str(version))
-            finally:
-                await self.engine.resume_generation()
+            raise type(e)(f"{e}; generator stays on version {self.version}") from None
         done = time.perf_counter()
-        if self._staging is not None:
-            await self._staging.delete(version)
         logger.info("weights v%d loaded (%s): paused %.3fs", version, mode, done - fetched)
         return {
             "mode": mode,
             "fetch_s": fetched - start,  # generation went on meanwhile
             "pause_s": paused - fetched,  # drain: in-flight requests finishing, nothing admitted
-            "swap_s": done - paused,  # engine stopped: load, re-tie, resume
+            "swap_s": done - paused,  # engine stopped: verify, load, re-tie, resume
+            "verify_s": verify_s,  # the engine's checksum pass, part of swap_s
         }
 
-    async def _fetch(self, version: int) -> tuple[Path, Manifest]:
-        """A verified, packed local copy of `version` that the engine process can map."""
-        if isinstance(self.transport, SharedMemoryTransport):
-            path, manifest = await self.transport.fetch_packed(version)
-        else:
-            if self._staging is None:
-                self._staging = SharedMemoryTransport(
-                    tempfile.mkdtemp(prefix="forge-staging-", dir=_shm_dir())
-                )
-            await self._staging.publish(version, await self.transport.fetch(version))
-            path, manifest = await self._staging.fetch_packed(version)
+    async def _pin(self, version: int, stack: contextlib.AsyncExitStack) -> tuple[Path, Manifest]:
+        """A path to `version`'s packed file, which cannot change or vanish until `stack`
+        closes, and its manifest. Not verified here: the engine verifies what it maps."""
+        transport = self.transport
+        if not isinstance(transport, SharedMemoryTransport):  # torchstore: stage it locally
+            manifest, tensors = await transport.fetch_unverified(version)
+            transport = self._staging_transport()
+            await transport.publish(version, tensors, manifest)
+            stack.push_async_callback(transport.delete, version)
+        folder, manifest = await transport.locate(version)
         self._check_fits(manifest)
+        # A thread: the lock waits while a publisher rewrites the file (a deleted version).
+        path = await asyncio.to_thread(stack.enter_context, pin(folder, manifest))
         return path, manifest
+
+    def _staging_transport(self) -> SharedMemoryTransport:
+        if self._staging is None:
+            self._staging = ShmFolder.create(f"staging-{uuid.uuid4().hex[:16]}", "generator")
+        return SharedMemoryTransport(self._staging.path)
+
+    async def _load(self, path: Path, manifest: Manifest) -> float:
+        """Has the engine verify and load the pinned file; returns its verification seconds."""
+        kwargs = {"path": str(path), "manifest_json": manifest.to_json()}
+        results = await self.engine.collective_rpc("forge_load_packed", kwargs=kwargs)
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            raise WeightVersionError(errors[0])
+        return max(r["verify_s"] for r in results)
 
     def _check_fits(self, manifest: Manifest) -> None:
         shapes = {e.name: e.shape for e in manifest.tensors}
@@ -314,11 +329,28 @@ class Generator(ForgeActor):
 
     @endpoint
     async def load_latest(self) -> int:
-        """Loads the newest complete version in the transport (a respawned replica catching up)."""
-        versions = await self.transport.versions()
-        if versions and versions[-1] > self.version:
-            await self._update(versions[-1], self.cfg.update_mode)
+        """Loads the newest complete version in the transport (a respawned replica catching up).
+
+        A version deleted before it could be loaded gives way to the newer one that replaced it,
+        until `transport.fetch_timeout_s` has passed.
+        """
+        deadline = time.monotonic() + self.cfg.transport.fetch_timeout_s
+        while (versions := await self.transport.versions()) and versions[-1] > self.version:
+            try:
+                await self._update(versions[-1], self.cfg.update_mode)
+                break
+            except WeightVersionGone:
+                if time.monotonic() > deadline:
+                    raise
         return self.version
+
+    @endpoint
+    async def loaded_checksum(self, name: str) -> str:
+        """The manifest checksum of parameter `name` (HF name) as the engine holds it now: which
+        weights it really serves. Parameters vLLM fuses or re-packs (qkv, CPU linear layers)
+        differ from their checkpoint form; the input embedding does not."""
+        (result,) = await self.engine.collective_rpc("forge_checksum", args=(name,))
+        return result
 
     @endpoint
     async def get_version(self) -> int:
@@ -333,6 +365,8 @@ class Generator(ForgeActor):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+        if self._staging is not None:
+            self._staging.remove()
 
 
 @dataclass
@@ -434,7 +468,3 @@ def torch_has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -1,18 +1,20 @@
 """Methods added to vLLM's workers (`worker_extension_cls`), called with `collective_rpc`.
 
 They run inside vLLM's engine process, which maps a packed weight version from shared memory
-itself: tensors never cross a process boundary through vLLM's serialisation.
+itself: tensors never cross a process boundary through vLLM's serialisation, and the bytes it
+verifies are the bytes it loads.
 """
 
 import ctypes
-import mmap
 import os
 import signal
-import warnings
+import time
+from typing import Any
 
 import torch
 
-from forge.weights.manifest import Manifest
+from forge.weights.manifest import Manifest, WeightVersionError, checksum
+from forge.weights.shm_transport import open_version
 
 
 class WeightLoader:
@@ -29,26 +31,28 @@ class WeightLoader:
         if os.getppid() == 1:  # the parent died before the call above
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def forge_load_packed(self, path: str, manifest_json: str) -> None:
-        """Loads every tensor of a packed version file (zero-copy views) into the model."""
+    def forge_load_packed(self, path: str, manifest_json: str) -> dict[str, Any]:
+        """Verifies the packed version file at `path` (pinned by the generator) and loads it,
+        both from one mapping whose bytes cannot change meanwhile.
+
+        Returns {"verify_s": seconds}, or {"error": message} if the bytes are not the
+        manifest's, and then loads nothing: vLLM would turn a raised error into a bare Exception
+        and log its traceback as an engine failure.
+        """
         manifest = Manifest.from_json(manifest_json)
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # frombuffer warns that the mapping is read-only
-            tensors = [
-                (
-                    e.name,
-                    torch.frombuffer(mm, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
-                    .view(getattr(torch, e.dtype))
-                    .view(e.shape),
-                )
-                for e in manifest.tensors
-            ]
-        self.model_runner.reload_weights(weights_iterator=iter(tensors))
-        del tensors
-        mm.close()
+        start = time.perf_counter()
+        try:
+            with open_version(path, manifest) as tensors:
+                verified = time.perf_counter()
+                self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
+        except WeightVersionError as e:
+            return {"error": str(e)}
         retie_lm_head(self.model_runner.get_model())
+        return {"verify_s": verified - start}
+
+    def forge_checksum(self, name: str) -> str:
+        """The manifest checksum of parameter `name` as this engine holds it."""
+        return checksum(self.model_runner.get_model().get_parameter(name).detach().cpu())
 
 
 def retie_lm_head(model: torch.nn.Module) -> None:

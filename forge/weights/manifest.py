@@ -16,6 +16,10 @@ class WeightVersionError(RuntimeError):
     """A weight version is missing, incomplete or corrupted; the reader keeps its old weights."""
 
 
+class WeightVersionGone(WeightVersionError):
+    """A weight version was deleted before it could be read: a newer one exists, load that."""
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     name: str  # Hugging Face naming

@@ -1,57 +1,92 @@
 """Same-host weight transport: each version is one file of packed tensors in shared memory.
 
-`/dev/shm/<root>/v<version>/tensors.bin` holds the tensors back to back; `manifest.json` is
-renamed into place after it, so its presence means the version is complete. Readers map the
-file copy-on-write: fetching costs no copy, only the checksum pass.
+`<root>/v<version>/tensors.bin` holds the tensors back to back; `manifest.json` is renamed into
+place after it, so its presence means the version is complete.
 
 A deleted version's file is kept in `<root>/free/` and rewritten by the next publish: its pages
 already exist, and writing into fresh tmpfs pages costs a page fault each (~5x slower than a
-copy). Deleting a version therefore requires that no reader still maps it, which the contract
-already asks (delete a version only once every generator has moved past it).
+copy). So that verified bytes can never change under a reader, readers hold a shared `flock`
+on the file from before they verify the bytes until they no longer map them, and a publisher
+rewrites a free file only if it gets the exclusive lock at once, else it writes a fresh file.
+A generator pins a version (`pin`: the lock, and a path to that very file), and its vLLM engine
+verifies and loads it on one mapping of that file (`open_version`). A reader that finds its
+version deleted, or asks for one when a newer version exists, gets WeightVersionGone at once.
 """
 
 import asyncio
+import fcntl
 import mmap
 import os
 import shutil
 import time
 import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 
 from forge.weights.manifest import (
     Manifest,
     WeightVersionError,
+    WeightVersionGone,
     build_manifest,
     tensor_bytes,
     verify,
 )
 
+# Spare files kept for reuse: one covers the steady state (a version is deleted after the next
+# is published); more would hold a model's worth of RAM each for nothing.
+MAX_FREE_FILES = 1
+
 
 class SharedMemoryTransport:
-    """Publishes and fetches weight versions through files under `root` (keep it on tmpfs)."""
+    """Publishes and fetches weight versions through files under `root` (keep it on tmpfs).
 
-    def __init__(self, root: str | Path, fetch_timeout_s: float = 60.0) -> None:
-        self.root = Path(root)
+    `root` None: a transport nobody gave a folder (a run gives its actors one); it fails on use.
+    """
+
+    def __init__(self, root: str | Path | None, fetch_timeout_s: float = 60.0) -> None:
+        self._root = None if root is None else Path(root)
         self.fetch_timeout_s = fetch_timeout_s
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise ValueError(
+                "the shm weight transport has no path: set transport.path, or start the actors "
+                "from a Run, which gives them its shared-memory folder"
+            )
+        return self._root
 
     def _dir(self, version: int) -> Path:
         return self.root / f"v{version:09d}"
 
-    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-        """Packs `state_dict` into one file, then writes the manifest beside it."""
-        return await asyncio.to_thread(self._publish, version, state_dict)
+    async def publish(
+        self, version: int, state_dict: dict[str, torch.Tensor], manifest: Manifest | None = None
+    ) -> Manifest:
+        """Packs `state_dict` into one file, then writes the manifest beside it.
 
-    def _publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
+        `manifest`: a description of `state_dict` already at hand (the one it was fetched with
+        elsewhere), written as is without recomputing checksums; readers verify against it.
+        """
+        return await asyncio.to_thread(self._publish, version, state_dict, manifest)
+
+    def _publish(
+        self, version: int, state_dict: dict[str, torch.Tensor], manifest: Manifest | None
+    ) -> Manifest:
         state_dict = {k: v.detach().cpu() for k, v in state_dict.items()}
-        manifest = build_manifest(version, state_dict)
+        manifest = manifest or build_manifest(version, state_dict)
+        if manifest.version != version:
+            raise ValueError(
+                f"publishing version {version} with the manifest of {manifest.version}"
+            )
         folder = self._dir(version)
         shutil.rmtree(folder, ignore_errors=True)  # a half-written earlier attempt
         folder.mkdir(parents=True)
-        blob = folder / "tensors.bin"
-        self._reuse_free_file(blob)
-        with open(blob, "r+b" if blob.exists() else "wb+") as f:
+        with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(manifest.total_bytes, 1))
             with mmap.mmap(f.fileno(), 0) as mm:
                 packed = torch.frombuffer(mm, dtype=torch.uint8)
@@ -63,58 +98,63 @@ class SharedMemoryTransport:
         os.replace(tmp, folder / "manifest.json")
         return manifest
 
-    def _reuse_free_file(self, blob: Path) -> None:
+    @contextmanager
+    def _file_to_write(self, blob: Path) -> Iterator[IO[bytes]]:
+        """A free file moved to `blob` under an exclusive lock, or a fresh file if every free
+        one is still mapped by a reader (or there is none)."""
         for free in sorted((self.root / "free").glob("*.bin")):
             try:
-                os.replace(free, blob)
-                return
+                f = open(free, "r+b")
             except FileNotFoundError:
                 continue  # another publisher took it
+            with f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.replace(free, blob)
+                except BlockingIOError:
+                    continue  # a reader still maps it: its bytes must not change
+                except FileNotFoundError:
+                    continue  # another publisher took it between our open and our lock
+                yield f
+                return
+        with open(blob, "wb+") as f:
+            yield f
 
-    async def fetch(self, version: int) -> dict[str, torch.Tensor]:
-        """Maps the version's tensors (no copy) once its manifest exists, and verifies them."""
-        manifest_path = await self._wait_for_manifest(version)
-        return await asyncio.to_thread(self._read, version, manifest_path)
+    async def locate(self, version: int) -> tuple[Path, Manifest]:
+        """Waits for `version`'s manifest; returns the version's folder and its manifest.
 
-    async def fetch_packed(self, version: int) -> tuple[Path, Manifest]:
-        """Verifies a version and returns its packed file and manifest, for a reader that maps
-        the file itself (a vLLM engine process)."""
-        manifest_path = await self._wait_for_manifest(version)
-        await asyncio.to_thread(self._read, version, manifest_path)
-        manifest = Manifest.from_json(manifest_path.read_text())
-        return manifest_path.parent / "tensors.bin", manifest
-
-    async def _wait_for_manifest(self, version: int) -> Path:
+        Nothing is verified here: the reader verifies the bytes where it maps them
+        (`open_version`), so the checksum pass is paid once. Raises WeightVersionGone at once
+        if a newer version exists meanwhile, WeightVersionError after `fetch_timeout_s`.
+        """
         manifest_path = self._dir(version) / "manifest.json"
         deadline = time.monotonic() + self.fetch_timeout_s
-        while not manifest_path.exists():
+        while True:
+            try:
+                manifest = Manifest.from_json(manifest_path.read_text())
+                break
+            except FileNotFoundError:
+                pass
+            newer = [v for v in self._versions() if v > version]
+            if newer:
+                raise WeightVersionGone(
+                    f"version {version} was deleted or never completed (version {newer[-1]} "
+                    "is newer)"
+                )
             if time.monotonic() > deadline:
                 raise WeightVersionError(
                     f"version {version}: no complete manifest at {manifest_path} "
                     f"after {self.fetch_timeout_s}s"
                 )
             await asyncio.sleep(0.05)
-        return manifest_path
-
-    def _read(self, version: int, manifest_path: Path) -> dict[str, torch.Tensor]:
-        manifest = Manifest.from_json(manifest_path.read_text())
         if manifest.version != version:
             raise WeightVersionError(f"version {version}: manifest is for {manifest.version}")
-        with open(manifest_path.parent / "tensors.bin", "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < manifest.total_bytes:
-                raise WeightVersionError(
-                    f"version {version}: tensors.bin has {size} bytes, manifest says "
-                    f"{manifest.total_bytes} (truncated)"
-                )
-            # Copy-on-write: torch needs a writable buffer, and nothing writes back to the file.
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        state_dict = {}
-        for e in manifest.tensors:
-            flat = torch.frombuffer(mm, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
-            state_dict[e.name] = flat.view(getattr(torch, e.dtype)).reshape(e.shape)
-        verify(manifest, state_dict)
-        return state_dict
+        return manifest_path.parent, manifest
+
+    async def fetch(self, version: int) -> dict[str, torch.Tensor]:
+        """A verified private copy of the version's tensors, once its manifest exists."""
+        folder, manifest = await self.locate(version)
+        return await asyncio.to_thread(_read_copy, folder, manifest)
 
     async def delete(self, version: int) -> None:
         """Removes the version; its file is kept for the next publish to write into."""
@@ -123,14 +163,14 @@ class SharedMemoryTransport:
     def _delete(self, version: int) -> None:
         folder = self._dir(version)
         (folder / "manifest.json").unlink(missing_ok=True)  # readers stop trusting it first
-        if (folder / "tensors.bin").exists():
-            (self.root / "free").mkdir(exist_ok=True)
-            os.replace(folder / "tensors.bin", self.root / "free" / f"{uuid.uuid4().hex}.bin")
-        shutil.rmtree(folder, ignore_errors=True)
+        blob, free = folder / "tensors.bin", self.root / "free"
+        if blob.exists() and len(list(free.glob("*.bin"))) < MAX_FREE_FILES:
+            free.mkdir(exist_ok=True)
+            os.replace(blob, free / f"{uuid.uuid4().hex}.bin")
+        shutil.rmtree(folder, ignore_errors=True)  # readers that map its file keep it alive
 
     async def clear(self) -> None:
-        """Removes the whole root, free files included, and the parents it emptied (a root
-        named after a run folder nests: /dev/shm/forge-runs/grpo)."""
+        """Removes the whole root, free files included, and the parents it emptied."""
         await asyncio.to_thread(self._clear)
 
     def _clear(self) -> None:
@@ -145,8 +185,112 @@ class SharedMemoryTransport:
 
     async def versions(self) -> list[int]:
         """Versions with a manifest, oldest first."""
+        return self._versions()
+
+    def _versions(self) -> list[int]:
         if not self.root.exists():
             return []
         return sorted(
             int(d.name[1:]) for d in self.root.iterdir() if (d / "manifest.json").exists()
         )
+
+
+@contextmanager
+def pin(folder: str | Path, expected: Manifest) -> Iterator[Path]:
+    """Pins the version in `folder`: until the block ends its file can be neither rewritten
+    nor lost, even if the version is deleted meanwhile.
+
+    Yields a path to that very file (`/proc/<pid>/fd/<n>`) that other processes of this host,
+    such as a vLLM engine and its workers, open to map it (`open_version`). Raises
+    WeightVersionGone if the version was deleted already.
+    """
+    with _locked(Path(folder), expected) as f:
+        yield Path(f"/proc/{os.getpid()}/fd/{f.fileno()}")
+
+
+@contextmanager
+def open_version(path: str | Path, expected: Manifest) -> Iterator[dict[str, torch.Tensor]]:
+    """The tensors in the packed file at `path` (from `pin`), as read-only views of one
+    mapping, verified against `expected`.
+
+    The mapping holds a shared lock, so publishers leave the bytes alone while anyone can read
+    them; it is released when the block ends (the dict is emptied then). Raises
+    WeightVersionError if the bytes are not what `expected` describes.
+    """
+    with open(path, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        _check_size(f, expected)
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # mmap holds its own duplicate of the descriptor, hence of the lock: both live as long as
+    # the mapping.
+    tensors = _views(mm, expected)
+    try:
+        verify(expected, tensors)
+        yield tensors
+    finally:
+        tensors.clear()
+        try:
+            mm.close()
+        except BufferError:
+            pass  # the caller kept a view: mapping and lock go when it is freed
+
+
+def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """A private copy of the version's bytes, read under the lock and verified."""
+    packed = torch.empty(max(manifest.total_bytes, 1), dtype=torch.uint8)
+    with _locked(folder, manifest) as f:
+        read = f.readinto(packed.numpy())
+    if read < manifest.total_bytes:
+        raise WeightVersionError(f"version {manifest.version}: short read ({read} bytes)")
+    tensors = _views(packed.numpy(), manifest)
+    verify(manifest, tensors)
+    return tensors
+
+
+@contextmanager
+def _locked(folder: Path, expected: Manifest) -> Iterator[IO[bytes]]:
+    """The version's file, open under a shared lock, checked to still be the version's."""
+    version = expected.version
+    try:
+        f = open(folder / "tensors.bin", "rb")
+    except FileNotFoundError:
+        raise WeightVersionGone(f"version {version} was deleted before it could be read") from None
+    with f:
+        # Waits only while a publisher rewrites this very file, i.e. the version was deleted
+        # meanwhile, which the check below then reports.
+        fcntl.flock(f, fcntl.LOCK_SH)
+        if not _still_the_version(folder, f, expected):
+            raise WeightVersionGone(f"version {version} was deleted while it was being opened")
+        _check_size(f, expected)
+        yield f
+
+
+def _check_size(f: IO[bytes], expected: Manifest) -> None:
+    size = os.fstat(f.fileno()).st_size
+    if size < expected.total_bytes:
+        raise WeightVersionError(
+            f"version {expected.version}: tensors.bin has {size} bytes, manifest says "
+            f"{expected.total_bytes} (truncated)"
+        )
+
+
+def _still_the_version(folder: Path, f: IO[bytes], expected: Manifest) -> bool:
+    try:
+        on_disk = os.stat(folder / "tensors.bin")
+        manifest = Manifest.from_json((folder / "manifest.json").read_text())
+    except FileNotFoundError:
+        return False
+    held = os.fstat(f.fileno())
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino) and manifest == expected
+
+
+def _views(buffer: Any, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Zero-copy tensors over a packed buffer, as the manifest lays them out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frombuffer warns when the buffer is read-only
+        return {
+            e.name: torch.frombuffer(buffer, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
+            .view(getattr(torch, e.dtype))
+            .reshape(e.shape)
+            for e in manifest.tensors
+        }

@@ -20,7 +20,8 @@ What is worked around:
    torchstore moves tensors over Monarch RPC (Monarch's own TCP RDMA fallback is not used).
 3. With no ``mesh``, ``torchstore.initialize()`` spawns a proc mesh for its storage volumes that
    ``torchstore.shutdown()`` never stops. :func:`initialize` spawns that mesh itself and
-   :func:`shutdown` stops it, so no processes are left behind.
+   :func:`shutdown` stops it, so no processes are left behind. A store is also registered with
+   forge's provisioner, so ``forge.controller.shutdown()`` shuts it down with everything else.
 
 The patches are applied once, idempotently, when this module is imported. Any process that
 receives a handle to the controller imports this module (the handle names
@@ -51,6 +52,8 @@ from torchstore.controller import Controller as _UpstreamController
 from torchstore.controller import StorageInfo
 from torchstore.strategy import TorchStoreStrategy
 from torchstore.transport.pipe import Request
+
+from forge.controller import Provisioner, get_provisioner
 
 __all__ = [
     "DEFAULT_TORCHSTORE_NAME",
@@ -129,6 +132,21 @@ apply_compat()
 _volume_meshes: dict[str, ProcMesh] = {}
 
 
+class _Store:
+    """A store initialized here, owned by the provisioner so that its shutdown stops it."""
+
+    def __init__(self, name: str, provisioner: Provisioner) -> None:
+        self.name = name
+        self.provisioner = provisioner
+
+    async def shutdown(self) -> None:
+        await shutdown(self.name)
+
+
+# Stores initialized by this process, by name.
+_stores: dict[str, _Store] = {}
+
+
 async def initialize(
     num_storage_volumes: int = 1,
     strategy: TorchStoreStrategy | None = None,
@@ -139,7 +157,8 @@ async def initialize(
 
     Same arguments as ``torchstore.initialize``. With ``mesh=None`` the storage volumes run in a
     new proc mesh on this host (one process per volume), which :func:`shutdown` stops.
-    Storage volume actors are spawned on ``mesh`` otherwise, and the caller owns it.
+    Storage volume actors are spawned on ``mesh`` otherwise, and the caller owns it. The store
+    is shut down by :func:`shutdown` or, at the latest, by ``forge.controller.shutdown()``.
 
     Raises:
         RuntimeError: if this process already initialized ``store_name`` with ``mesh=None``, or
@@ -165,14 +184,21 @@ async def initialize(
         if owned is not None:
             await owned.stop()
         raise
+    store = _stores[store_name] = _Store(store_name, get_provisioner())
+    store.provisioner.own(store)
 
 
 async def shutdown(store_name: str = DEFAULT_TORCHSTORE_NAME) -> None:
     """Tear down the store ``store_name`` and stop the storage-volume processes it spawned.
 
     Only this process's cached torchstore client is dropped; other processes that used the
-    store must not use it again before a new :func:`initialize`.
+    store must not use it again before a new :func:`initialize`. Does nothing for a store this
+    process did not initialize, or shut down already (upstream would spawn a new controller).
     """
+    store = _stores.pop(store_name, None)
+    if store is None:
+        return
+    store.provisioner.disown(store)
     try:
         await _ts_api.shutdown(store_name)
     finally:

@@ -10,7 +10,13 @@ import time
 import torch
 
 from forge.weights import torchstore_compat as ts
-from forge.weights.manifest import Manifest, WeightVersionError, build_manifest, verify
+from forge.weights.manifest import (
+    Manifest,
+    WeightVersionError,
+    WeightVersionGone,
+    build_manifest,
+    verify,
+)
 
 
 class TorchStoreTransport:
@@ -34,25 +40,41 @@ class TorchStoreTransport:
 
     async def fetch(self, version: int) -> dict[str, torch.Tensor]:
         """Waits for the manifest, gets every tensor it lists and verifies them."""
+        manifest, state_dict = await self.fetch_unverified(version)
+        await asyncio.to_thread(verify, manifest, state_dict)
+        return state_dict
+
+    async def fetch_unverified(self, version: int) -> tuple[Manifest, dict[str, torch.Tensor]]:
+        """The version's manifest and tensors, for a reader that verifies them where it uses
+        them (a generator's engine), so the checksum pass is paid once.
+
+        Raises WeightVersionGone at once if a newer version exists while this one's manifest
+        does not (it was deleted), WeightVersionError if it does not appear in time.
+        """
         key = self._key(version, "manifest")
         deadline = time.monotonic() + self.fetch_timeout_s
         while not await ts.exists(key):
+            newer = [v for v in await self.versions() if v > version]
+            if newer:
+                raise WeightVersionGone(
+                    f"version {version} was deleted or never completed (version {newer[-1]} "
+                    "is newer)"
+                )
             if time.monotonic() > deadline:
                 raise WeightVersionError(
                     f"version {version}: no manifest in torchstore under {key!r} "
                     f"after {self.fetch_timeout_s}s"
                 )
             await asyncio.sleep(0.05)
-        manifest = Manifest.from_json(await ts.get(key))
         try:
+            manifest = Manifest.from_json(await ts.get(key))
             state_dict = {
                 e.name: await ts.get(self._key(version, f"tensors/{e.name}"))
                 for e in manifest.tensors
             }
         except KeyError as e:
-            raise WeightVersionError(f"version {version}: a tensor is missing ({e})") from None
-        await asyncio.to_thread(verify, manifest, state_dict)
-        return state_dict
+            raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
+        return manifest, state_dict
 
     async def delete(self, version: int) -> None:
         """Deletes the manifest first (so readers stop trusting the version), then tensors."""

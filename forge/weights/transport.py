@@ -6,7 +6,7 @@ shared memory (`SharedMemoryTransport`) and torchstore (`TorchStoreTransport`, a
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -19,17 +19,16 @@ class TransportConfig:
 
     Args:
         kind: "shm" (same host, /dev/shm) or "torchstore" (any host).
-        path: shm: the folder that holds versions; torchstore: the key prefix.
-        fetch_timeout_s: how long a fetch waits for a version's manifest to appear.
+        path: shm: the folder that holds versions; None (the default): the run's own folder in
+            shared memory, which a run sets (forge.weights.shm_folders.claim_for_run) and
+            removes when it ends. torchstore: the key prefix; None: "weights".
+        fetch_timeout_s: how long a fetch waits for a version's manifest to appear (it fails
+            at once if a newer version exists: the one asked for was deleted).
     """
 
-    kind: str = "shm"
-    path: str = "/dev/shm/forge-weights"
+    kind: Literal["shm", "torchstore"] = "shm"
+    path: str | None = None
     fetch_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("shm", "torchstore"):
-            raise ValueError(f"kind must be 'shm' or 'torchstore', got {self.kind!r}")
 
 
 class WeightTransport(Protocol):
@@ -40,7 +39,8 @@ class WeightTransport(Protocol):
     async def fetch(self, version: int) -> dict[str, torch.Tensor]:
         """Waits for `version`'s manifest, reads the tensors and verifies them.
 
-        Raises WeightVersionError if the version does not appear in time or fails to verify.
+        Raises WeightVersionGone if it was deleted (a newer version exists), WeightVersionError
+        if it does not appear in time or fails to verify.
         """
         ...
 
@@ -63,9 +63,11 @@ def make_transport(cfg: TransportConfig) -> WeightTransport:
         from forge.weights.shm_transport import SharedMemoryTransport
 
         return SharedMemoryTransport(cfg.path, cfg.fetch_timeout_s)
-    from forge.weights.torchstore_transport import TorchStoreTransport
+    if cfg.kind == "torchstore":
+        from forge.weights.torchstore_transport import TorchStoreTransport
 
-    return TorchStoreTransport(cfg.path, cfg.fetch_timeout_s)
+        return TorchStoreTransport(cfg.path or "weights", cfg.fetch_timeout_s)
+    raise ValueError(f"transport kind must be 'shm' or 'torchstore', got {cfg.kind!r}")
 
 
 async def delete_older_than(transport: WeightTransport, version: int) -> list[int]:

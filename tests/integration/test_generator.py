@@ -16,12 +16,13 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.controller import shutdown
 from forge.models import tiny_model
 from forge.weights.shm_transport import SharedMemoryTransport
-from forge.weights.transport import TransportConfig
+from forge.weights.transport import TransportConfig, delete_older_than
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["The answer is", "Once upon a time", [{"role": "user", "content": "2 + 3 ="}]]
 INIT_STD = 0.5
+EMBED = "model.embed_tokens.weight"  # a parameter vLLM keeps as loaded (no fusing, no re-packing)
 
 
 def reference(seed: int) -> torch.nn.Module:
@@ -159,3 +160,46 @@ async def test_corrupted_version_is_refused_and_old_weights_stay(generator, tran
     (after,) = await generator.generate.call_one(PROMPTS[1], sampling=greedy)
     assert await generator.get_version.call_one() == version
     assert after.token_ids == before.token_ids
+
+
+async def test_a_replica_catching_up_under_version_turnover_loads_only_verified_bytes(
+    generator, transport
+):
+    """A publisher writes version after version, each with its own embedding, and deletes the
+    older ones, so each publish rewrites a freed file; meanwhile the generator catches up again
+    and again, as a respawned replica does. The embedding the engine holds must always have the
+    checksum of the version the generator reports."""
+    await delete_older_than(transport, 1001)  # earlier tests' versions (one is corrupted)
+    base = reference(seed=0).state_dict()
+    base.pop("lm_head.weight", None)
+    checksums: dict[int, str] = {}
+    inodes: list[int] = []  # of each version's file: a repeat is a freed file rewritten
+    stop = asyncio.Event()
+
+    async def publish_and_retire() -> None:
+        version = 1000
+        while not stop.is_set():
+            version += 1
+            manifest = await transport.publish(version, {**base, EMBED: base[EMBED] + version})
+            checksums[version] = next(e.checksum for e in manifest.tensors if e.name == EMBED)
+            inodes.append((transport._dir(version) / "tensors.bin").stat().st_ino)
+            await delete_older_than(transport, version)
+
+    publisher = asyncio.create_task(publish_and_retire())
+    loaded = set()
+    try:
+        async with asyncio.timeout(300):
+            while len(loaded) < 20:
+                version = await generator.load_latest.call_one()
+                if version > 1000:
+                    held = await generator.loaded_checksum.call_one(EMBED)
+                    assert held == checksums[version], (
+                        f"engine reports v{version}, holds other bytes"
+                    )
+                    loaded.add(version)
+    finally:
+        stop.set()
+        await publisher
+    print(f"{len(inodes)} versions published in {len(set(inodes))} files, {len(loaded)} loaded")
+    assert len(set(inodes)) < len(inodes) / 2  # most publishes rewrote a freed file
+    assert len(await transport.versions()) == 1

@@ -1,11 +1,35 @@
-"""Weight versions: manifests, and the shared-memory transport refusing bad versions."""
+"""Weight versions: manifests, the shared-memory transport refusing bad versions and never
+rewriting bytes a reader holds, and forge's shared-memory folders given back."""
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 import torch
 
-from forge.weights.manifest import WeightVersionError, build_manifest, verify
-from forge.weights.shm_transport import SharedMemoryTransport
-from forge.weights.transport import delete_older_than
+from forge.controller import shutdown
+from forge.weights.manifest import (
+    WeightVersionError,
+    WeightVersionGone,
+    build_manifest,
+    verify,
+)
+from forge.weights.shm_folders import (
+    MARKER,
+    SHM_ROOT,
+    Owner,
+    ShmFolder,
+    claim_for_run,
+    remove_dead,
+    run_folder,
+)
+from forge.weights.shm_transport import SharedMemoryTransport, open_version, pin
+from forge.weights.transport import TransportConfig, delete_older_than
 
 
 def state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -106,3 +130,118 @@ async def test_clear_leaves_nothing_in_shared_memory(tmp_path):
     assert not (tmp_path / "runs" / "nested").exists()
     assert (tmp_path / "runs" / "other").exists()
     assert await transport.versions() == []
+
+
+def inode(transport: SharedMemoryTransport, version: int) -> int:
+    return (transport._dir(version) / "tensors.bin").stat().st_ino
+
+
+def free_files(transport: SharedMemoryTransport) -> int:
+    return len(list((transport.root / "free").glob("*.bin")))
+
+
+async def test_a_pinned_file_is_never_rewritten_and_one_spare_is_kept(transport):
+    await transport.publish(1, state_dict(1))
+    folder, manifest = await transport.locate(1)
+    with pin(folder, manifest) as path:
+        await transport.delete(1)  # its file goes to free/, still pinned
+        await transport.publish(2, state_dict(2))  # must not take it: writes a fresh file
+        await transport.publish(3, state_dict(3))
+        await transport.delete(2)  # free/ holds one spare already: this file is dropped
+        assert free_files(transport) == 1
+        with open_version(path, manifest) as tensors:  # verifies against version 1's manifest
+            assert torch.equal(tensors["model.norm.weight"], state_dict(1)["model.norm.weight"])
+    pinned = os.stat(folder.parent / "free" / os.listdir(folder.parent / "free")[0]).st_ino
+    await transport.publish(4, state_dict(4))  # unpinned now: the spare is rewritten
+    assert inode(transport, 4) == pinned and free_files(transport) == 0
+    got = await transport.fetch(4)
+    assert all(torch.equal(got[k], v) for k, v in state_dict(4).items())
+
+
+async def test_pinning_a_deleted_version_says_it_is_gone(transport):
+    await transport.publish(1, state_dict(1))
+    folder, manifest = await transport.locate(1)
+    await transport.delete(1)
+    await transport.publish(2, state_dict(2))  # rewrites version 1's file
+    with pytest.raises(WeightVersionGone, match="version 1 was deleted"):
+        with pin(folder, manifest):
+            pass
+
+
+async def test_a_superseded_version_fails_fast(tmp_path):
+    transport = SharedMemoryTransport(tmp_path / "weights", fetch_timeout_s=30.0)
+    for version in (1, 2):
+        await transport.publish(version, state_dict(version))
+    await transport.delete(1)
+    start = time.monotonic()
+    with pytest.raises(WeightVersionGone, match="version 1 was deleted or never completed"):
+        await transport.fetch(1)
+    assert time.monotonic() - start < 1.0  # not the 30 s manifest wait
+
+
+async def test_an_unset_shm_path_fails_on_use_with_the_fix():
+    with pytest.raises(ValueError, match="has no path: set transport.path, or start the actors"):
+        await SharedMemoryTransport(None).versions()
+
+
+def test_folders_of_dead_owners_are_removed_and_others_kept(tmp_path):
+    live = ShmFolder.create("live", root=tmp_path)
+    script = (
+        "import sys; from pathlib import Path; from forge.weights.shm_folders import ShmFolder; "
+        "ShmFolder.create('dead', root=Path(sys.argv[1]))"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)  # exits: dead
+    reused = ShmFolder.create("reused-pid", root=tmp_path)  # our pid, another start time
+    marker = dataclasses.replace(Owner.this_process(), started=1.0)
+    (reused.path / MARKER).write_text(json.dumps(dataclasses.asdict(marker)))
+    (tmp_path / "forge-unmarked").mkdir()  # not known to be ours: left alone
+    (tmp_path / "forge-dead" / "blob").write_bytes(b"x" * 1000)
+    removed = remove_dead(tmp_path)
+    assert [p.name for p, _, _ in removed] == ["forge-dead", "forge-reused-pid"]
+    assert removed[0][2] > 1000  # the bytes it freed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forge-live", "forge-unmarked"]
+    live.remove()
+    assert not live.path.exists()
+
+
+def test_a_folder_of_a_live_process_is_not_taken(tmp_path):
+    parent = psutil.Process(os.getppid())
+    taken = tmp_path / "forge-taken"
+    taken.mkdir()
+    marker = Owner(parent.pid, parent.create_time(), "run elsewhere")
+    (taken / MARKER).write_text(json.dumps(dataclasses.asdict(marker)))
+    with pytest.raises(RuntimeError, match=f"belongs to a running process \\(pid {parent.pid}"):
+        ShmFolder.create("taken", root=tmp_path)
+
+
+async def test_a_run_gets_a_flat_folder_given_back_at_shutdown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_folder("runs/a") == run_folder(tmp_path / "runs" / "a")
+    assert run_folder("runs/a").parent == SHM_ROOT and run_folder("runs/a").name.startswith(
+        "forge-run-"
+    )
+
+    @dataclasses.dataclass
+    class Config:
+        unset: TransportConfig = dataclasses.field(default_factory=TransportConfig)
+        chosen: TransportConfig = dataclasses.field(
+            default_factory=lambda: TransportConfig(path="/elsewhere")
+        )
+        store: TransportConfig = dataclasses.field(
+            default_factory=lambda: TransportConfig(kind="torchstore")
+        )
+
+    cfg = Config()
+    folder = claim_for_run("runs/a", cfg)
+    try:
+        assert folder.path == run_folder("runs/a")
+        assert Owner(**json.loads((folder.path / MARKER).read_text())).pid == os.getpid()
+        assert (cfg.unset.path, cfg.chosen.path, cfg.store.path) == (
+            str(folder.path / "weights"),
+            "/elsewhere",
+            None,
+        )
+        await SharedMemoryTransport(cfg.unset.path).publish(1, state_dict())
+    finally:
+        await shutdown()
+    assert not folder.path.exists()

@@ -1,0 +1,156 @@
+"""forge's folders in shared memory, each marked with the process that owns it.
+
+Shared memory outlives processes: a file left in /dev/shm holds RAM until reboot. So every
+folder forge makes there is `/dev/shm/forge-<name>` with an `owner.json` naming its owner (pid
+and start time, so a reused pid is not mistaken for it). The owner removes the folder when it
+ends; a folder whose owner died without doing so (SIGKILL) is removed by the next run's start
+or by `forge clean` (`remove_dead`). Folders without a marker are not forge's to remove.
+
+A run's folder is named after its run folder (`run_folder`), and the shm weight transport of a
+run that leaves `transport.path` unset lives in it (`claim_for_run`).
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from forge.controller import get_provisioner
+from forge.weights.transport import TransportConfig
+
+SHM_ROOT = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+PREFIX = "forge-"
+MARKER = "owner.json"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A process, told apart from a later one that reuses its pid by its start time."""
+
+    pid: int
+    started: float  # psutil's create_time: boot time + start ticks, the same from any process
+    what: str = ""  # for people reading the marker: "run /abs/run_dir", "generator staging"
+
+    @classmethod
+    def this_process(cls, what: str = "") -> "Owner":
+        return cls(os.getpid(), psutil.Process().create_time(), what)
+
+    def alive(self) -> bool:
+        try:
+            process = psutil.Process(self.pid)
+            return (
+                abs(process.create_time() - self.started) < 0.01
+                and process.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.NoSuchProcess:
+            return False
+
+
+def owner_of(folder: Path) -> Owner | None:
+    """The owner named by `folder`'s marker; None if it has none (or an unreadable one)."""
+    try:
+        return Owner(**json.loads((folder / MARKER).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class ShmFolder:
+    """A folder in shared memory owned by this process; `remove()` (or the provisioner's
+    `shutdown()`, once registered with `own()`) gives its memory back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, name: str, what: str = "", root: Path = SHM_ROOT) -> "ShmFolder":
+        """Makes `<root>/forge-<name>` owned by this process.
+
+        A folder of that name left by a dead owner is removed first; one of this process is
+        reused. Raises RuntimeError if a live process owns it.
+        """
+        path = root / f"{PREFIX}{name}"
+        owner = owner_of(path)
+        if owner is not None and owner.pid != os.getpid() and owner.alive():
+            raise RuntimeError(
+                f"{path} belongs to a running process (pid {owner.pid}, {owner.what}): "
+                "two runs cannot share one run folder"
+            )
+        if owner is not None and owner.pid != os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f"{MARKER}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps(dataclasses.asdict(Owner.this_process(what))))
+        os.replace(tmp, path / MARKER)  # a reader sees a whole marker or none
+        return cls(path)
+
+    def remove(self) -> None:
+        """Removes the folder and everything in it (mapped files live on until unmapped)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    async def shutdown(self) -> None:
+        """`remove()`, for the provisioner (`get_provisioner().own(folder)`)."""
+        self.remove()
+
+
+def remove_dead(root: Path = SHM_ROOT) -> list[tuple[Path, Owner, int]]:
+    """Removes every forge folder under `root` whose owner is dead.
+
+    Returns (folder, owner, bytes freed) for each.
+    """
+    removed = []
+    for folder in sorted(root.glob(f"{PREFIX}*")):
+        owner = owner_of(folder)
+        if owner is not None and not owner.alive():
+            size = folder_bytes(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append((folder, owner, size))
+    return removed
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes the files under `folder` hold."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def run_folder(run_dir: str | Path, root: Path = SHM_ROOT) -> Path:
+    """The shared-memory folder of the run in `run_dir`: named by a hash of its absolute path,
+    so any run_dir (relative, absolute, nested) gives one flat, unique name."""
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    return root / f"{PREFIX}run-{digest}"
+
+
+def claim_for_run(run_dir: str | Path, config: Any) -> ShmFolder:
+    """Gives a run its shared-memory folder, removed at `forge.controller.shutdown()`.
+
+    Call it in the run's driver after `init_provisioner` and before spawning actors: it removes
+    dead runs' folders, makes `run_folder(run_dir)` owned by this process, and points every shm
+    TransportConfig in `config` (a config dataclass, searched through) that leaves `path` unset
+    at `<folder>/weights`. Raises RuntimeError if a live run holds the same run folder.
+    """
+    remove_dead()
+    path = run_folder(run_dir)
+    folder = ShmFolder.create(path.name.removeprefix(PREFIX), f"run {Path(run_dir).resolve()}")
+    get_provisioner().own(folder)
+    for transport in _transport_configs(config):
+        if transport.kind == "shm" and transport.path is None:
+            transport.path = str(folder.path / "weights")
+    return folder
+
+
+def _transport_configs(config: Any) -> list[TransportConfig]:
+    if isinstance(config, TransportConfig):
+        return [config]
+    if not dataclasses.is_dataclass(config):
+        return []
+    found = []
+    for f in dataclasses.fields(config):
+        found += _transport_configs(getattr(config, f.name))
+    return found

@@ -1,0 +1,128 @@
+"""Shared memory and processes are given back.
+
+A run leaves nothing of its own in /dev/shm, whether it ends normally, is stopped by Ctrl-C, or
+is SIGKILLed (its whole process group) and followed by `forge clean`; the three tiny runs go at
+once (start-up is mostly waiting). What is "ours" is taken from the running processes
+themselves: every /dev/shm path a process of the run maps, plus the run's own folder, found
+mid-run so the test could fail. A generator fed through torchstore stages versions in a
+shared-memory folder of its own, and `shutdown()` removes it and stops torchstore's processes.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from helper_runs import ROOT, finish, wait_for_steps
+from safetensors.torch import load_file
+
+from forge.actors.generator import Generator, GeneratorConfig
+from forge.controller import shutdown
+from forge.models import tiny_model
+from forge.weights import torchstore_compat
+from forge.weights.shm_folders import SHM_ROOT, folder_bytes, owner_of, run_folder
+from forge.weights.torchstore_transport import TorchStoreTransport
+from forge.weights.transport import TransportConfig
+
+pytestmark = pytest.mark.integration
+
+TINY = "configs/grpo/tiny_cpu.yaml"
+VOWELS = "reward.functions=[helper_rewards:vowel_fraction]"
+
+
+def start(run_dir: Path, steps: int) -> subprocess.Popen:
+    """A tiny GRPO run in a session of its own, so that its whole process group can be
+    killed; console output to <run_dir>.log."""
+    cmd = [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", TINY]
+    cmd += [f"run_dir={run_dir}", VOWELS, f"steps={steps}", "export_hf=false"]
+    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def ours(driver: int) -> tuple[set[Path], list[psutil.Process]]:
+    """The /dev/shm paths the driver and its descendants map, and those processes."""
+    processes = [psutil.Process(driver), *psutil.Process(driver).children(recursive=True)]
+    paths = set()
+    for p in processes:
+        try:
+            paths |= {Path(m.path) for m in p.memory_maps() if m.path.startswith(f"{SHM_ROOT}/")}
+        except psutil.NoSuchProcess:
+            pass
+    return paths, processes
+
+
+def shm_bytes() -> int:
+    return sum(f.stat().st_size for f in SHM_ROOT.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def test_a_run_gives_its_shared_memory_back_however_it_ends(tmp_path):
+    before = shm_bytes()
+    runs = {how: tmp_path / how for how in ("normal", "ctrl_c", "killed")}
+    procs = {how: start(run_dir, 4 if how == "normal" else 1000) for how, run_dir in runs.items()}
+    seen: dict[str, set[Path]] = {}
+    processes: list[psutil.Process] = []
+    try:
+        for how, run_dir in runs.items():
+            wait_for_steps(procs[how], run_dir, 1)  # a weight version is in shared memory
+            folder = run_folder(run_dir)
+            assert folder_bytes(folder) > 0, f"{how}: {folder} holds no weights mid-run"
+            mapped, tree = ours(procs[how].pid)
+            seen[how] = mapped | {folder}
+            processes += tree
+            print(f"{how}: {folder_bytes(folder) / 1e6:.1f} MB in {folder}; maps {sorted(mapped)}")
+        procs["ctrl_c"].send_signal(signal.SIGINT)
+        os.killpg(procs["killed"].pid, signal.SIGKILL)
+        finish(procs["normal"], runs["normal"])
+        assert procs["ctrl_c"].wait(timeout=180) != 0  # interrupted
+        assert procs["killed"].wait(timeout=60) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(processes, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+        leftover = run_folder(runs["killed"])
+        assert folder_bytes(leftover) > 0  # SIGKILL left it: `forge clean` must remove it
+        clean = subprocess.run(
+            [sys.executable, "-m", "forge", "clean"], cwd=ROOT, capture_output=True, text=True
+        )
+        assert clean.returncode == 0 and f"removed {leftover} (" in clean.stdout, clean.stdout
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for p in processes:
+            if p.is_running():
+                p.kill()
+    left = {how: sorted(p for p in paths if p.exists()) for how, paths in seen.items()}
+    print(f"/dev/shm: {before / 1e6:.1f} MB before, {shm_bytes() / 1e6:.1f} MB after")
+    assert left == {how: [] for how in runs}
+
+
+async def test_torchstore_staging_and_storage_processes_are_given_back():
+    before = set(psutil.Process().children(recursive=True))
+    await torchstore_compat.initialize()
+    model = tiny_model("llama", seed=0)
+    transport = TransportConfig(kind="torchstore", path="given-back", fetch_timeout_s=30.0)
+    cfg = GeneratorConfig(model=str(model), max_model_len=256, kv_cache_mb=32, transport=transport)
+    try:
+        generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+        weights = load_file(model / "model.safetensors")
+        weights["model.embed_tokens.weight"] += 1.0  # not the weights the engine started with
+        manifest = await TorchStoreTransport("given-back").publish(1, weights)
+        await generator.update_weights.call_one(1)
+        embed = next(e for e in manifest.tensors if e.name == "model.embed_tokens.weight")
+        assert await generator.loaded_checksum.call_one(embed.name) == embed.checksum
+        started = set(psutil.Process().children(recursive=True)) - before
+        staging = [
+            f
+            for f in SHM_ROOT.glob("forge-staging-*")
+            if (owner := owner_of(f)) and owner.pid in {p.pid for p in started}
+        ]
+        assert len(staging) == 1 and folder_bytes(staging[0]) > 0  # the spare file
+    finally:
+        await shutdown()
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]  # the storage volume's process included
+    assert not staging[0].exists()
