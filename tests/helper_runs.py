@@ -20,7 +20,15 @@ def forge_run(app: str, config: str, run_dir: Path, *overrides: str) -> subproce
     cmd = [sys.executable, "-m", "forge", "run", f"apps/{app}/main.py", "--config", config]
     cmd += [f"run_dir={run_dir}", *overrides]
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # Its own process group, so a test can kill the driver with everything it started.
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def console(run_dir: Path) -> str:
+    """What the last `forge_run` of `run_dir` printed."""
+    return (run_dir.parent / f"{run_dir.name}.log").read_text()
 
 
 def finish(proc: subprocess.Popen, run_dir: Path, timeout: float = 900) -> None:

@@ -117,6 +117,7 @@ class Distill(RLLoop):
         for m in self.teacher.metrics():
             record_metric("teacher/deaths", m["deaths"], Reduce.SUM)
             record_metric("teacher/recoveries", m["recoveries"], Reduce.SUM)
+            record_metric("teacher/hangs", m["hangs"], Reduce.SUM)
         return await super().log_step(step, start)
 
 

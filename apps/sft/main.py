@@ -26,7 +26,7 @@ from forge.data.sft import (
     sft_episode,
     tokenize_row,
 )
-from forge.loop import Run, RunConfig
+from forge.loop import Run, RunConfig, TrainerDied
 from forge.models import resolve_model
 from forge.observability import record_metric
 
@@ -64,7 +64,14 @@ class SFT(Run):
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
         examples = SFTExamples(cfg.data, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
+        self.first_state = await self.state_dict()
         return []
+
+    async def state_dict(self) -> dict:
+        return {"batches": self.batches.state_dict()}
+
+    async def load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state["batches"])
 
     def training_task(self) -> ReasoningGymConfig:
         return self.cfg.data.reasoning_gym
@@ -78,16 +85,29 @@ class SFT(Run):
                 for i, row in enumerate(self.evaluator.rows)
             ]
             await self.eval_loss(0)  # the base model's held-out loss
-        for step in range(self.first_step, self.last_step + 1):
-            batch = next(self.batches)
-            episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
-            record_metric("train/padding_fraction", padding_fraction(episodes))
-            await self.train(_split(episodes, self.world))
-            # The generators serve only the held-out eval: they get weights when it is due.
-            if self.evaluator is not None and self._eval_due(step):
-                await self.publish(step)
-                await self.eval_loss(step)
+        while self.version < self.last_step:
+            step = self.version + 1
+            try:
+                await self.train_on_next_batch(step)
+            except TrainerDied as e:
+                await self.restart_trainer(e)
+                # The batches after the checkpoint are trained again, in the same order.
+                state = self.folder.load_driver_state(self.version) or self.first_state
+                await self.load_state_dict(state)
+                continue
             await self.log_step(step, start)
+
+    async def train_on_next_batch(self, step: int) -> None:
+        """One step on the next batch; publish and evaluate when due; checkpoint when due."""
+        batch = next(self.batches)
+        episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
+        record_metric("train/padding_fraction", padding_fraction(episodes))
+        await self.train(_split(episodes, self.world))
+        # The generators serve only the held-out eval: they get weights when it is due.
+        if self.evaluator is not None and self._eval_due(step):
+            await self.publish(step)
+            await self.eval_loss(step)
+        await self.checkpoint(step)
 
     async def eval_loss(self, step: int) -> float:
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""
@@ -96,7 +116,7 @@ class SFT(Run):
         for i in range(0, len(self.held_out), size):
             chunk = self.held_out[i : i + size]
             n = sum(len(e.completion.token_ids) for e in chunk)
-            loss = (await self.trainer.eval_loss.call(_split(chunk, self.world))).item(procs=0)
+            loss = await self.call_trainer("eval_loss", _split(chunk, self.world))
             total, tokens = total + loss * n, tokens + n
         loss = total / tokens
         record_metric("eval/loss", loss)

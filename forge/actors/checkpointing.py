@@ -1,12 +1,20 @@
 """Trainer checkpoints with torch.distributed.checkpoint: model, optimizer, scheduler, step, RNG.
 
-Each checkpoint is a folder `<folder>/step-<n>`; a `latest` file written after the save names the
-newest complete one, so a crash during a save leaves the previous checkpoint in charge.
+Each checkpoint is a folder `<folder>/step-<n>`; a `latest` file, written once the save is
+complete, names the newest complete one, so a crash during a save leaves the previous
+checkpoint in charge. The run driver puts its own state (replay buffer, dataset position) into
+the same folder before the trainer saves, so `latest` always names a complete pair.
 Sharded state is saved per rank and re-sharded on load, so a run may resume on another number
 of processes (RNG state is per rank and then starts afresh).
+
+With `async_save` the trainer pays only for staging a copy of its state in memory; the files are
+written by a background thread (over a process group of its own, so its collectives never
+interleave with training's) while training goes on, and `latest` moves when they are complete.
 """
 
 import shutil
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+LATEST = "latest"
+
 
 @dataclass
 class CheckpointConfig:
@@ -24,15 +34,32 @@ class CheckpointConfig:
 
     Args:
         folder: None disables checkpointing.
-        interval: save every this many steps (0: only when asked).
+        interval: save every this many steps (0: only at the end of the run).
         keep: how many checkpoints to keep (older ones are deleted).
-        resume: load the newest checkpoint in `folder` at start-up.
+        async_save: write the files in the background while training goes on.
     """
 
     folder: str | None = None
     interval: int = 0
     keep: int = 2
-    resume: bool = True
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        if self.interval < 0 or self.keep < 1:
+            raise ValueError(f"need interval >= 0 and keep >= 1, got {self.interval}, {self.keep}")
+
+
+def step_folder(folder: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` lives."""
+    return Path(folder) / f"step-{step}"
+
+
+def latest_step(folder: str | Path | None) -> int:
+    """The step of the newest complete checkpoint in `folder`; 0 if there is none."""
+    latest = Path(folder) / LATEST if folder else None
+    if latest is None or not latest.exists():
+        return 0
+    return _step_of(Path(latest.read_text().strip()))
 
 
 class _TrainState(Stateful):
@@ -71,32 +98,63 @@ class Checkpointer:
         self.cfg = cfg
         self.parts = (model, optimizer, scheduler)
         self.folder = Path(cfg.folder) if cfg.folder else None
+        self._pending: Future | None = None  # the background write of the last async save
+        self._group: Any = None  # the background writes' own process group
 
     def due(self, step: int) -> bool:
         return self.folder is not None and self.cfg.interval > 0 and step % self.cfg.interval == 0
 
-    def save(self, step: int) -> Path:
-        """Writes `step-<step>`, then points `latest` at it and deletes the oldest."""
+    def save(self, step: int, background: bool | None = None) -> float:
+        """Writes `step-<step>`, then points `latest` at it and deletes the oldest.
+
+        In the background (default: `async_save`), returns once the state is staged and the
+        write has started. Returns the seconds the caller was blocked.
+        """
         if self.folder is None:
             raise ValueError("checkpoint.folder is not set: nowhere to save")
-        target = self.folder / f"step-{step}"
-        dcp.save({"train": _TrainState(*self.parts, step)}, checkpoint_id=target)
-        if dist.get_rank() == 0:
-            (self.folder / "latest.tmp").write_text(target.name)
-            (self.folder / "latest.tmp").replace(self.folder / "latest")
-            for old in self._steps()[: -self.cfg.keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
-        return target
+        start = time.perf_counter()
+        self.wait()  # one write at a time: `latest` moves in step order
+        target = step_folder(self.folder, step)
+        state = {"train": _TrainState(*self.parts, step)}
+        if not (self.cfg.async_save if background is None else background):
+            dcp.save(state, checkpoint_id=target)
+            self._commit(target)
+            return time.perf_counter() - start
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        pending = dcp.async_save(state, checkpoint_id=target, process_group=self._group)
+        pending.add_done_callback(lambda done: done.exception() or self._commit(target))
+        self._pending = pending
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Blocks until the background write (if any) is complete; raises its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _commit(self, target: Path) -> None:
+        if dist.get_rank() != 0:
+            return
+        (self.folder / f"{LATEST}.tmp").write_text(target.name)
+        (self.folder / f"{LATEST}.tmp").replace(self.folder / LATEST)
+        # Only older ones: a newer folder may hold the driver's part of the next checkpoint.
+        done = [p for p in self._steps() if _step_of(p) <= _step_of(target)]
+        for old in done[: -self.cfg.keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def resume(self) -> int:
-        """Loads the newest checkpoint if there is one (and resume is on); returns its step."""
-        latest = self.folder / "latest" if self.folder else None
-        if not self.cfg.resume or latest is None or not latest.exists():
-            return 0
-        state = _TrainState(*self.parts, 0)
-        dcp.load({"train": state}, checkpoint_id=self.folder / latest.read_text().strip())
-        return state.step
+        """Loads the newest complete checkpoint if there is one; returns its step (else 0)."""
+        step = latest_step(self.folder)
+        if step:
+            state = _TrainState(*self.parts, 0)
+            dcp.load({"train": state}, checkpoint_id=step_folder(self.folder, step))
+            return state.step
+        return 0
 
     def _steps(self) -> list[Path]:
-        return sorted(self.folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        return sorted(self.folder.glob("step-*"), key=_step_of)
+
+
+def _step_of(folder: Path) -> int:
+    return int(folder.name.removeprefix("step-"))

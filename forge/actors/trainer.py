@@ -232,8 +232,6 @@ class TitanTrainer(ForgeActor):
             if name not in result:
                 result[name] = _all_sum(float(value) * local_norm / global_norm)
         self.step += 1
-        if self.checkpointer.due(self.step):
-            self.checkpointer.save(self.step)
         return result
 
     def _mismatch(self, logprobs, behaviour, mask, batch, version) -> dict[str, float]:
@@ -406,9 +404,18 @@ class TitanTrainer(ForgeActor):
         return path
 
     @endpoint
-    async def save_checkpoint(self) -> str:
-        """Saves model, optimizer, scheduler, step and RNG; returns the checkpoint folder."""
-        return str(await asyncio.to_thread(self.checkpointer.save, self.step))
+    async def save_checkpoint(self, background: bool | None = None) -> float:
+        """Saves model, optimizer, scheduler, step and RNG as checkpoint `step-<step>`.
+
+        In the background (default: the config's `async_save`) it returns once the state is
+        staged; the checkpoint becomes `latest` when written. Returns the seconds it blocked.
+        """
+        return await asyncio.to_thread(self.checkpointer.save, self.step, background)
+
+    @endpoint
+    async def wait_checkpoint(self) -> None:
+        """Returns once the last background checkpoint write is complete."""
+        await asyncio.to_thread(self.checkpointer.wait)
 
     @endpoint
     async def get_step(self) -> int:

@@ -3,6 +3,18 @@
 from forge.loop.config import EvalConfig, Resources, RLConfig, RunConfig
 from forge.loop.evaluation import Evaluator
 from forge.loop.rl import RLLoop
-from forge.loop.run import Run
+from forge.loop.run import Run, TrainerDied
+from forge.loop.run_folder import RunFinished, RunFolderError
 
-__all__ = ["EvalConfig", "Evaluator", "RLConfig", "RLLoop", "Resources", "Run", "RunConfig"]
+__all__ = [
+    "EvalConfig",
+    "Evaluator",
+    "RLConfig",
+    "RLLoop",
+    "Resources",
+    "Run",
+    "RunConfig",
+    "RunFinished",
+    "RunFolderError",
+    "TrainerDied",
+]

@@ -54,13 +54,20 @@ class RunConfig:
     """What every app's config holds; an app's own Config subclasses it (or RLConfig).
 
     Args:
-        run_dir: the run's folder: metrics, plot, trained-episode log, checkpoints, export.
-        steps: optimizer steps to take.
+        run_dir: the run's folder: its config, metrics, plot, trained-episode log, checkpoints,
+            export. It identifies the run (forge/loop/run_folder.py).
+        steps: the run's total optimizer steps; a resumed run continues up to it.
+        resume: continue the run in `run_dir` from its newest checkpoint; false refuses a
+            folder that holds a run.
+        max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
+            before the run fails.
         export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end.
     """
 
     run_dir: str = "runs/forge"
     steps: int = 20
+    resume: bool = True
+    max_trainer_restarts: int = 2
     seed: int = 0
     export_hf: bool = True
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)

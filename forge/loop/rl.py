@@ -21,7 +21,7 @@ from forge.data.completion import Completion
 from forge.data.datasets import ReasoningGymConfig
 from forge.data.episode import Episode
 from forge.loop.config import RLConfig
-from forge.loop.run import Run
+from forge.loop.run import Run, TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -35,7 +35,11 @@ class RLLoop(Run):
 
     def __init__(self, cfg: RLConfig) -> None:
         super().__init__(cfg)
-        self.groups = 0  # groups admitted so far: group k gets prompt k and seed k
+        self.groups = 0  # groups taken so far: group k gets prompt k and seed k
+        self.in_flight: set[int] = set()  # groups taken, not yet in the buffer
+        self.redo: list[int] = []  # groups whose rollout was stopped: taken again first
+        self.delivering = asyncio.Lock()  # held while a group enters the buffer
+        self.left_reported = 0  # episodes reported to the gate as gone from the buffer
         self.stop = asyncio.Event()
         self.busy = BusyClock()  # time with at least one generate call running
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
@@ -59,9 +63,32 @@ class RLLoop(Run):
         raise NotImplementedError
 
     def take_group(self) -> int:
-        """The next group's number k: it gets dataset row k and sampling seed k."""
-        group, self.groups = self.groups, self.groups + 1
+        """The next group's number k: it gets dataset row k and sampling seed k. A group whose
+        rollout was stopped (by `stop_rollouts`, or a crash after a checkpoint) comes first."""
+        if self.redo:
+            group = self.redo.pop(0)
+        else:
+            group, self.groups = self.groups, self.groups + 1
+        self.in_flight.add(group)
         return group
+
+    async def state_dict(self) -> dict[str, Any]:
+        """The dataset position (groups taken, groups to take again) and the replay buffer."""
+        async with self.delivering:  # no group enters the buffer while it is read
+            return {
+                "groups": self.groups,
+                "redo": sorted(self.in_flight | set(self.redo)),
+                "buffer": await self.buffer.state_dict.call_one(),
+            }
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.groups, self.redo = state["groups"], list(state["redo"])
+        await self.buffer.load_state_dict.call_one(state["buffer"])
+        # Buffered episodes count against the admission gate as they did before the stop.
+        stats = await self.buffer.stats.call_one()
+        self.left_reported = _left_buffer(stats)
+        self.gate.started(stats["size"])
+        await self.gate.finished(stats["size"])
 
     async def rollout(self, group: int) -> list[Episode]:
         """One prompt, G samples, scored by the app."""
@@ -85,10 +112,13 @@ class RLLoop(Run):
             group = self.take_group()
             try:
                 episodes = await self.rollout(group)
-            except asyncio.CancelledError:  # stop_rollouts: the group never reaches the buffer
+            except asyncio.CancelledError:  # stop_rollouts: the group is taken again later
+                self.in_flight.discard(group)
+                self.redo.append(group)
                 await self.gate.finished(self.cfg.group_size, kept=0)
                 raise
             except Exception as e:
+                self.in_flight.discard(group)
                 await self.gate.finished(self.cfg.group_size, kept=0)
                 record_metric("rollout/failed_groups", 1, Reduce.SUM)
                 failures += 1
@@ -101,14 +131,16 @@ class RLLoop(Run):
             failures = 0
             # Shielded: once scored, a group reaches the buffer and the gate's count even if
             # the workers are stopped meanwhile (stop_rollouts waits for it).
-            delivery = asyncio.ensure_future(self.deliver(episodes))
+            delivery = asyncio.ensure_future(self.deliver(group, episodes))
             self.deliveries.add(delivery)
             delivery.add_done_callback(self.deliveries.discard)
             await asyncio.shield(delivery)
 
-    async def deliver(self, episodes: list[Episode]) -> None:
+    async def deliver(self, group: int, episodes: list[Episode]) -> None:
         """Puts a finished group in the buffer and tells the gate."""
-        await self.buffer.add.call_one(episodes)
+        async with self.delivering:
+            await self.buffer.add.call_one(episodes)
+            self.in_flight.discard(group)
         await self.gate.finished(len(episodes))
 
     async def sync_rollouts(self) -> None:
@@ -119,6 +151,7 @@ class RLLoop(Run):
         ]
         batches = await asyncio.gather(*(self.rollout(g) for g in groups))
         await self.buffer.add.call_one([e for b in batches for e in b])
+        self.in_flight.difference_update(groups)
         record_metric("rollout/batch_s", time.perf_counter() - start)
 
     # --- training -----------------------------------------------------------------------------
@@ -126,9 +159,10 @@ class RLLoop(Run):
     async def train_step(self, step: int) -> dict[str, float]:
         """Waits for a fresh batch, trains on it, and moves every generator to the new weights."""
         waited = time.perf_counter()
-        before = await self.buffer.stats.call_one()
         while (batch := await self.buffer.sample.call_one(self.version)) is None:
             _raise_if_failed(self.workers)
+            # Evicted groups make room for the rollouts that refill the buffer.
+            await self.report_consumed()
             await asyncio.sleep(0.05)
         start = time.perf_counter()
         # Whatever order concurrent groups finished in, train on them in a fixed order.
@@ -138,23 +172,42 @@ class RLLoop(Run):
         self.log_batch(step, self.version, batch)
         metrics = await self.train(batch, policy_version=self.version)
         await self.publish(step)
-        after = await self.buffer.stats.call_one()
-        if self.cfg.mode == "async":  # episodes that left the buffer make room for rollouts
-            await self.gate.consumed(_left_buffer(after) - _left_buffer(before))
+        after = await self.report_consumed()
         wall = time.perf_counter() - waited
         record_metric("train/idle_fraction", (start - waited) / wall)
         record_metric("train/step_s", wall)
         record_metric("buffer/size", after["size"])
-        record_metric("buffer/evicted_stale", after["evicted_stale"], Reduce.MAX)
+        for key in ("evicted_stale", "evicted_newer", "groups_dropped"):  # running totals
+            record_metric(f"buffer/{key}", after[key], Reduce.MAX)
         for key in ("policy_age_min", "policy_age_mean", "policy_age_max"):
             record_metric(f"buffer/{key}", after[key] or 0)
         return metrics
 
+    async def report_consumed(self) -> dict[str, Any]:
+        """Tells the gate which episodes left the buffer since the last report (trained for the
+        last time, or evicted), making room for rollouts; returns the buffer's stats."""
+        stats = await self.buffer.stats.call_one()
+        if self.cfg.mode == "async":
+            await self.gate.consumed(_left_buffer(stats) - self.left_reported)
+            self.left_reported = _left_buffer(stats)
+        return stats
+
+    async def restart_trainer(self, error: TrainerDied) -> None:
+        await super().restart_trainer(error)
+        # The batch the dead trainer took is gone; the generators are on the restored weights.
+        await self.report_consumed()
+
     async def run(self) -> None:
         try:
-            await self.steps(self.cfg.steps)
+            await self.steps(self.last_step - self.version)
         finally:
             await self.stop_rollouts()
+
+    async def close(self) -> None:
+        """Stops the rollouts (their groups are taken again on resume), then closes the run."""
+        if self.workers:
+            await self.stop_rollouts()
+        await super().close()
 
     async def steps(
         self, n: int, on_step: Callable[[int, dict[str, float]], None] | None = None
@@ -171,11 +224,17 @@ class RLLoop(Run):
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
         logged = []
-        for _ in range(n):
+        target = self.version + n
+        while self.version < target:
             step = self.version + 1
-            if self.cfg.mode == "sync":
-                await self.sync_rollouts()
-            await self.train_step(step)
+            try:
+                if self.cfg.mode == "sync":
+                    await self.sync_rollouts()
+                await self.train_step(step)
+                await self.checkpoint(step)
+            except TrainerDied as e:
+                await self.restart_trainer(e)  # back at its checkpoint: those steps again
+                continue
             record_metric("generator/idle_fraction", self.busy.idle_fraction())
             logged.append(await self.log_step(step, self.started))
             if on_step is not None:

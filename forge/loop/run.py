@@ -21,17 +21,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
 from forge.actors.generator import Generator
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
-from forge.controller import init_provisioner, shutdown
+from forge.controller import get_provisioner, init_provisioner, shutdown
 from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
 from forge.data.episode import Episode
 from forge.loop.config import Resources, RunConfig
 from forge.loop.evaluation import Evaluator
+from forge.loop.run_folder import RunFinished, RunFolder
 from forge.observability import MetricLogger, Reduce, plot_run, record_metric
 from forge.observability.console import say
+from forge.weights.shm_folders import claim_for_run
 from forge.weights.transport import delete_older_than, make_transport
+
+
+class TrainerDied(RuntimeError):
+    """The trainer's process died during a call; the run respawns it from its checkpoint."""
 
 
 class Run:
@@ -47,34 +56,37 @@ class Run:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
+        self.folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
         self.version = 0
-        self.first_step = 1  # after a resume, steps continue from the checkpoint's
+        self.trainer_restarts = 0
+        self.checkpointed = 0  # the step of the newest checkpoint
         self.evaluator: Evaluator | None = None
 
     # --- start --------------------------------------------------------------------------------
 
     async def start(self) -> "Run":
-        """Spawns every actor, brings the generators to a resumed trainer's weights; returns
-        the run (`run = await GRPO(cfg).start()` in a notebook)."""
+        """Spawns every actor and, when the run folder holds a checkpoint, continues from it;
+        returns the run (`run = await GRPO(cfg).start()` in a notebook).
+
+        Raises RunFinished (before anything starts) if the folder's run took `steps` already.
+        """
         cfg = self.cfg
+        resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
+        self.folder.rewind(resumed)
         self.started = time.perf_counter()
-        say(self.summary())
+        say(self.summary() + (f" | resuming at step {resumed}" if resumed else ""))
         init_provisioner(cfg.provisioner)
+        claim_for_run(self.run_dir, cfg)  # its /dev/shm folder, given back at shutdown()
         if cfg.trainer.transport.kind == "torchstore":
             # Imported only here: torchstore prints a warning on import, before any log exists.
             from forge.weights import torchstore_compat
 
             await torchstore_compat.initialize()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "eval.jsonl"):  # a new run, a new curve
-            (self.run_dir / name).unlink(missing_ok=True)
-        self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("w")
-        g, t = cfg.generator_resources, cfg.trainer_resources
+        self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
+        g = cfg.generator_resources
         self.generator, self.trainer, self.reward = await asyncio.gather(
             Generator.options(**vars(g)).as_service(cfg.generator),
-            TitanTrainer.options(
-                procs=t.procs, with_gpus=t.with_gpus, cpus_per_proc=t.cpus_per_proc, env=t.env
-            ).as_actor(cfg.trainer),
+            self.spawn_trainer(),
             RewardActor.as_service(cfg.reward),
         )
         # A respawned generator replica catches up to the newest weights before taking traffic.
@@ -83,13 +95,14 @@ class Run:
         self.transport = make_transport(cfg.trainer.transport)
         # Versions an earlier run left behind must not be mistaken for this run's.
         await self.transport.clear()
-        # A trainer that resumed a checkpoint is ahead of the generators' base weights.
         self.world = self.cfg.trainer_resources.procs  # data-parallel ranks (one host)
-        self.version = (await self.trainer.get_step.call()).item(procs=0)
-        self.first_step = self.version + 1
-        if self.version:
-            await self.trainer.push_weights.call(self.version)
-            await self.generator.update_weights.fanout(self.version)
+        # The trainer resumed the same checkpoint; the generators start from its weights.
+        self.version = await self.call_trainer("get_step")
+        if self.version != resumed:
+            raise RuntimeError(f"trainer resumed step {self.version}, the run folder {resumed}")
+        if resumed:
+            await self.load_state_dict(self.folder.load_driver_state(resumed) or {})
+            await self.sync_generators()
         metrics = cfg.metrics
         if metrics.progress_total is None:
             metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
@@ -99,8 +112,27 @@ class Run:
             self.evaluator = Evaluator(
                 rows, self.generator, self.reward, cfg.eval.max_tokens, self.run_dir / "eval.jsonl"
             )
-            self.evaluator.start(0, self.version)  # the starting point, to compare against
+            if not resumed:
+                self.evaluator.start(0, self.version)  # the starting point, to compare against
         return self
+
+    async def spawn_trainer(self) -> Any:
+        """The trainer's processes; it loads the newest checkpoint of its folder in setup."""
+        t = self.cfg.trainer_resources
+        return await TitanTrainer.options(
+            procs=t.procs, with_gpus=t.with_gpus, cpus_per_proc=t.cpus_per_proc, env=t.env
+        ).as_actor(self.cfg.trainer)
+
+    async def call_trainer(self, endpoint: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls `endpoint` on every trainer rank; returns rank 0's value.
+
+        Raises:
+            TrainerDied: a trainer process died (`restart_trainer` brings it back).
+        """
+        try:
+            return (await getattr(self.trainer, endpoint).call(*args, **kwargs)).item(procs=0)
+        except SupervisionError as e:  # Monarch's account of it stays attached as the cause
+            raise TrainerDied(f"a trainer process died during {endpoint}") from e
 
     def summary(self) -> str:
         """The start-up line: what trains, on which processes, where the run is written."""
@@ -130,7 +162,7 @@ class Run:
     async def train(self, batches: list[list[Episode]], **kwargs: Any) -> dict[str, float]:
         """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics,
         also recorded under train/."""
-        metrics = (await self.trainer.train_step.call(batches, **kwargs)).item(procs=0)
+        metrics = await self.call_trainer("train_step", batches, **kwargs)
         self.version += 1
         for name, value in metrics.items():
             record_metric(f"train/{name}", value)
@@ -139,19 +171,84 @@ class Run:
     async def publish(self, step: int) -> None:
         """The trainer's weights, as `version`, to every generator; older versions deleted."""
         start = time.perf_counter()
-        await self.trainer.push_weights.call(self.version)
+        await self.call_trainer("push_weights", self.version)
         await self.generator.update_weights.fanout(self.version)
         await delete_older_than(self.transport, self.version)
         record_metric("weights/sync_s", time.perf_counter() - start)
         if self.evaluator is not None and self._eval_due(step):
             self.evaluator.start(step, self.version)
 
+    async def sync_generators(self) -> None:
+        """Moves every generator to the trainer's weights, even back to an older version (a
+        restarted trainer); every other version is deleted."""
+        await self.call_trainer("push_weights", self.version)
+        await self.generator.update_weights.fanout(self.version)
+        for version in await self.transport.versions():
+            if version != self.version:
+                await self.transport.delete(version)
+
+    async def checkpoint(self, step: int, final: bool = False) -> None:
+        """Checkpoint `step` if one is due (or `final`): the driver's state, then the trainer's.
+
+        The trainer's write goes on in the background (checkpoint.async_save) except at the
+        end; `checkpoint/blocked_s` is what it cost the loop.
+        """
+        ckpt = self.cfg.trainer.checkpoint
+        if ckpt.folder is None or not (final or (ckpt.interval and step % ckpt.interval == 0)):
+            return
+        start = time.perf_counter()
+        self.folder.save_driver_state(step, await self.state_dict())
+        if self.checkpointed == step:  # the trainer's part is written (or being written)
+            await self.call_trainer("wait_checkpoint")
+        else:
+            await self.call_trainer("save_checkpoint", background=False if final else None)
+        self.checkpointed = step
+        record_metric("checkpoint/blocked_s", time.perf_counter() - start)
+
+    async def state_dict(self) -> dict[str, Any]:
+        """What the driver needs to continue from a checkpoint (the app's data position)."""
+        return {}
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+
+    async def restart_trainer(self, error: TrainerDied) -> None:
+        """Respawns a dead trainer from its newest checkpoint and moves the generators to its
+        weights; the steps after that checkpoint are taken again.
+
+        Raises:
+            RuntimeError: the trainer died more than `max_trainer_restarts` times.
+        """
+        self.trainer_restarts += 1
+        if self.trainer_restarts > self.cfg.max_trainer_restarts:
+            raise RuntimeError(
+                f"{error}; not restarted: it died {self.trainer_restarts} times "
+                f"(max_trainer_restarts {self.cfg.max_trainer_restarts})"
+            ) from error
+        start, died_at = time.perf_counter(), self.version
+        old = self.trainer
+        await get_provisioner().stop_actor(old)
+        self.trainer = await self.spawn_trainer()
+        self.logger.sources = [self.trainer if s is old else s for s in self.logger.sources]
+        self.version = self.checkpointed = await self.call_trainer("get_step")
+        await self.sync_generators()
+        self.folder.rewind(self.version)  # the steps after the checkpoint are redone
+        record_metric("trainer/restarts", self.trainer_restarts, Reduce.MAX)
+        record_metric("trainer/redone_steps", died_at - self.version, Reduce.SUM)
+        record_metric("trainer/restart_s", time.perf_counter() - start)
+        redo = died_at - self.version
+        say(
+            f"{error}; restarted from the checkpoint of step {self.version} in "
+            f"{time.perf_counter() - start:.0f}s ({redo} step{'s' * (redo != 1)} to redo)"
+        )
+
     def _eval_due(self, step: int) -> bool:
         return step % self.cfg.eval.interval == 0 or step == self.last_step
 
     @property
     def last_step(self) -> int:
-        return self.first_step + self.cfg.steps - 1
+        """The run's last step: `steps` is its total, resumes included."""
+        return self.cfg.steps
 
     async def log_step(self, step: int, start: float) -> dict[str, float]:
         """Generator health and throughput, then every process's metrics of `step`."""
@@ -160,6 +257,7 @@ class Run:
         for m in self.generator.metrics():
             record_metric("generator/deaths", m["deaths"], Reduce.SUM)
             record_metric("generator/recoveries", m["recoveries"], Reduce.SUM)
+            record_metric("generator/hangs", m["hangs"], Reduce.SUM)
         stats = await self.generator.stats.fanout()
         record_metric("generator/tokens_per_s", sum(s["tokens_per_s"] for s in stats))
         record_metric("run/elapsed_s", time.perf_counter() - start)
@@ -181,14 +279,16 @@ class Run:
     # --- the run ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The app's loop over steps `first_step .. last_step`."""
+        """The app's loop: steps `version + 1 .. last_step`."""
         raise NotImplementedError
 
     async def main(self) -> None:
-        """Start, run, and always close."""
+        """Start, run, and always close; a finished run says so and does nothing."""
         try:
             await self.start()
             await self.run()
+        except RunFinished as e:  # raised before anything started
+            say(str(e))
         finally:
             await self.close()
 
@@ -198,17 +298,9 @@ class Run:
             if hasattr(self, "logger"):  # started: there is something to save and show
                 self.logger.close()  # the progress bar first, so the lines below stay whole
                 self.trained_log.close()
-                if self.cfg.trainer.checkpoint.folder:
-                    await self.trainer.save_checkpoint.call()
-                    say(f"checkpoint: {self.cfg.trainer.checkpoint.folder}")
-                if self.cfg.export_hf:
-                    export = self.run_dir / "hf"
-                    await self.trainer.export_hf.call(str(export))
-                    say(f"model: {export}")
+                await self.save_results()
                 metrics = self.run_dir / "metrics.jsonl"
-                if (
-                    metrics.exists() and metrics.stat().st_size
-                ):  # a run that failed at once has none
+                if metrics.exists() and metrics.stat().st_size:  # a failed start logs none
                     say(f"metrics: {metrics}\nplot: {plot_run(self.run_dir, self.plot_keys)}")
         finally:
             try:
@@ -216,6 +308,19 @@ class Run:
                     await self.transport.clear()
             finally:
                 await shutdown()
+
+    async def save_results(self) -> None:
+        """The final checkpoint and the HF export; a dead trainer has nothing left to save."""
+        try:
+            if self.cfg.trainer.checkpoint.folder and self.version:
+                await self.checkpoint(self.version, final=True)
+                say(f"checkpoint: {self.cfg.trainer.checkpoint.folder} (step {self.version})")
+            if self.cfg.export_hf:
+                export = self.run_dir / "hf"
+                await self.call_trainer("export_hf", str(export))
+                say(f"model: {export}")
+        except TrainerDied as e:
+            say(f"{e}: no final checkpoint or export")
 
 
 def _placement(r: Resources) -> str:

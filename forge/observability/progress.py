@@ -16,7 +16,7 @@ def short_names(keys: Sequence[str]) -> dict[str, str]:
 
 
 class ProgressBar:
-    """Advances one step per `log`; shows the step and the first two of `keys` present.
+    """Shows the last logged step out of the total, and the first two of `keys` present.
 
     Two numbers fit next to the bar on any terminal; every metric is in the files anyway.
     It has the `Backend` methods, so `MetricLogger` can drive it like any other backend.
@@ -44,7 +44,7 @@ class ProgressBar:
         shown = {self.names[k]: metrics[k] for k in self.keys if k in metrics}
         postfix = {name: f"{value:.4g}" for name, value in list(shown.items())[:2]}
         self._bar.set_postfix({"step": step, **postfix}, refresh=False)
-        self._bar.update(1)
+        self._bar.update(step - self._bar.n)  # a resumed run starts further on
 
     def close(self) -> None:
         self._bar.close()

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,6 +24,8 @@ from helper_runs import (
     trained,
     wait_for_steps,
 )
+
+from forge.weights.shm_folders import run_folder
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +84,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
     try:
         for mode, run_dir in runs.items():
             finish(procs[mode], run_dir)
-            assert not Path(f"/dev/shm/forge-{run_dir}").exists()  # weight versions cleared
+            assert not run_folder(run_dir).exists()  # weight versions cleared
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -184,6 +185,6 @@ def test_ctrl_c_writes_a_final_checkpoint_and_leaves_no_process(tmp_path):
     assert (tmp_path / "ckpt" / "latest").exists()
     assert (run_dir / "metrics.png").exists()
     assert (run_dir / "hf" / "model.safetensors").exists()  # the export runs on Ctrl-C too
-    assert not Path(f"/dev/shm/forge-{run_dir}").exists()  # the config's weight transport
+    assert not run_folder(run_dir).exists()  # the run's weight transport
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]

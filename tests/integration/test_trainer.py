@@ -93,14 +93,15 @@ async def test_fsdp_over_two_processes_equals_one_process(tmp_path, cleanup):
     assert moved > 5e-6 and worst < 1e-5
 
 
-async def test_checkpoint_kill_resume_gives_the_same_next_step(tmp_path, cleanup):
+async def test_background_checkpoint_kill_resume_gives_the_same_next_step(tmp_path, cleanup):
     cfg = trainer_config(tmp_path, checkpoint=CheckpointConfig(folder=str(tmp_path / "ckpt")))
     b1, b2, b3 = episodes(seed=1), episodes(seed=2), episodes(seed=3)
     first = await TitanTrainer.as_actor(cfg)
     await first.train_step.call_one([b1])
     await first.train_step.call_one([b2])
-    await first.save_checkpoint.call_one()
+    await first.save_checkpoint.call_one()  # in the background: step 3 trains meanwhile
     uninterrupted = (await first.train_step.call_one([b3]))["loss"]
+    await first.wait_checkpoint.call_one()
     os.kill(await first.ping.call_one(), signal.SIGKILL)
 
     resumed = await TitanTrainer.as_actor(cfg)

@@ -159,7 +159,10 @@ async def simulate(
                     await gate.finished(group_size, kept=0)
                     continue
                 completion = Completion([1], [2], "x", [-1.0], [version], "stop")
-                buffer.add([Episode(f"e{count + i}", "g", completion) for i in range(group_size)])
+                group = [
+                    Episode(f"e{count + i}", f"g{count}", completion) for i in range(group_size)
+                ]
+                buffer.add(group)
                 count += group_size
                 await gate.finished(group_size)
 
@@ -195,7 +198,7 @@ async def simulate(
 
 @pytest.mark.parametrize(
     "max_policy_age, batch_size, group_size",
-    [(0, 8, 4), (0, 4, 4), (1, 8, 4), (1, 4, 3), (2, 6, 4)],
+    [(0, 8, 4), (0, 4, 4), (1, 8, 4), (1, 6, 3), (2, 8, 2)],
 )
 @pytest.mark.parametrize("seed", range(3))
 async def test_gate_alone_bounds_the_policy_age_of_every_trained_episode(

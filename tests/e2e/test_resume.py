@@ -1,0 +1,127 @@
+"""A run is its folder: killed, it resumes exactly; finished, it is not run again; its dead
+trainer is restarted. Tiny GRPO runs through `python -m forge run`, real processes killed."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helper_runs import (
+    console,
+    finish,
+    forge_run,
+    kill_one_mid_run,
+    metrics,
+    processes_with_env,
+    trained,
+)
+
+from forge.actors.checkpointing import latest_step
+
+pytestmark = pytest.mark.integration
+
+TINY = "configs/grpo/tiny_cpu.yaml"
+STEPS = 8
+
+
+def grpo(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return forge_run(
+        "grpo",
+        TINY,
+        run_dir,
+        "reward.functions=[helper_rewards:vowel_fraction]",
+        f"steps={STEPS}",
+        "export_hf=false",
+        f"trainer.checkpoint.folder={run_dir / 'checkpoints'}",
+        "trainer.checkpoint.interval=2",
+        *overrides,
+    )
+
+
+def kill_groups_after_a_checkpoint(procs: dict[Path, subprocess.Popen]) -> None:
+    """SIGKILLs each driver's whole process group as soon as its run has written a checkpoint
+    and logged a later step; waits until every process of those runs is gone."""
+    deadline = time.monotonic() + 600
+    waiting = dict(procs)
+    while waiting:
+        for run_dir, proc in list(waiting.items()):
+            if latest_step(run_dir / "checkpoints") >= 2 and _steps_logged(run_dir) >= 3:
+                _kill_group(proc)
+                del waiting[run_dir]
+            else:
+                assert proc.poll() is None, console(run_dir)[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint within 600s"
+        time.sleep(0.1)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    family = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], 30)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    log = run_dir / "metrics.jsonl"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_path):
+    runs = {name: tmp_path / name for name in ("uninterrupted", "sync", "async")}
+    mode = {"uninterrupted": "sync", "sync": "sync", "async": "async"}
+    procs = {name: grpo(run_dir, f"mode={mode[name]}") for name, run_dir in runs.items()}
+    try:
+        kill_groups_after_a_checkpoint({runs[n]: procs[n] for n in ("sync", "async")})
+        for name in ("sync", "async"):
+            procs[name] = grpo(runs[name], f"mode={mode[name]}")  # the same command again
+        for name, run_dir in runs.items():
+            finish(procs[name], run_dir)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    for name in ("sync", "async"):
+        resumed_at = int(re.search(r"resuming at step (\d+)", console(runs[name])).group(1))
+        assert 2 <= resumed_at < STEPS
+        steps = [m["step"] for m in metrics(runs[name])]
+        assert steps == list(range(1, STEPS + 1))  # every step once, none lost
+        records = trained(runs[name])
+        assert [r["step"] for r in records] == steps
+        ids = [e for r in records for e in r["episodes"]]
+        assert len(ids) == len(set(ids)) == STEPS * 8  # no episode trained twice
+    for key in ("train/loss", "train/grad_norm"):
+        resumed, reference = ([m[key] for m in metrics(runs[n])] for n in ("sync", "uninterrupted"))
+        assert resumed == pytest.approx(reference, rel=1e-5, abs=1e-7), key
+    assert [r["episodes"] for r in trained(runs["sync"])] == [
+        r["episodes"] for r in trained(runs["uninterrupted"])
+    ]
+
+    # The finished run, asked again: one line, exit 0, nothing trained or started.
+    again = grpo(runs["async"], "mode=async")
+    assert again.wait(timeout=120) == 0
+    assert f"is finished: {STEPS} of {STEPS} steps taken" in console(runs["async"])
+    assert [m["step"] for m in metrics(runs["async"])] == list(range(1, STEPS + 1))
+
+
+def test_a_killed_trainer_is_restarted_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "trainer"
+    proc = grpo(run_dir, "trainer_resources.env={FORGE_TEST_ROLE: trainer}")
+    find = lambda pid: processes_with_env(pid, "FORGE_TEST_ROLE", "trainer")  # noqa: E731
+    kill_one_mid_run(proc, run_dir, find, 1)
+    steps = metrics(run_dir)
+    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
+    assert max(m.get("trainer/restarts", 0) for m in steps) == 1
+    restart = next(m for m in steps if "trainer/restart_s" in m)
+    print(
+        f"trainer restart: {restart['trainer/restart_s']:.1f}s to respawn and re-sync, "
+        f"{restart['trainer/redone_steps']:.0f} steps redone"
+    )
+    ids = [e for r in trained(run_dir) for e in r["episodes"]]
+    assert len(ids) == len(set(ids))
+    assert "restarted from the checkpoint of step" in console(run_dir)
