@@ -28,7 +28,8 @@ def distill(config: str, run_dir, *overrides: str):
 STEPS = 10
 
 
-@pytest.mark.timeout(1500)  # alone, it first trains its teacher (the SFT test's run)
+@pytest.mark.xdist_group("smollm2")  # one at a time; shares the SFT run with the SFT test
+@pytest.mark.timeout(2400)  # alone, it first trains its teacher (the SFT test's run)
 def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_path):
     """`make distill`'s config, 10 steps: the teacher is the SFT test's exported model, which
     answers "<answer>7</answer>"; the student, SmolLM2-135M-Instruct, answers in prose. The

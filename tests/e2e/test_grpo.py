@@ -37,6 +37,8 @@ def grpo(config: str, run_dir, *overrides: str):
     return forge_run("grpo", config, run_dir, *overrides)
 
 
+@pytest.mark.xdist_group("smollm2")  # one at a time: each pins a core to its generator
+@pytest.mark.timeout(1500)
 def test_async_grpo_learns_one_digit_additions_on_smollm2(tmp_path):
     """SmolLM2-135M, `make grpo`'s config (reasoning-gym score + 0.2 x format), fewer steps.
 

@@ -6,7 +6,8 @@ from helper_runs import evals, finish, forge_run, metrics
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.xdist_group("smollm2")  # one at a time; shares the SFT run with distillation
+@pytest.mark.timeout(1500)
 def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(sft_smollm2):
     """`make sft`'s config, fewer steps. The score is the config's reward: reasoning-gym
     correctness + the answer format (`<answer>` tags), each up to 1.

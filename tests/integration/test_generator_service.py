@@ -19,10 +19,14 @@ pytestmark = pytest.mark.integration
 
 
 def engine_processes() -> list[psutil.Process]:
+    """This test process's vLLM engines (other tests may run engines of their own meanwhile)."""
     found = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        if "EngineCore" in (p.info["name"] or "") + " ".join(p.info["cmdline"] or []):
-            found.append(p)
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "EngineCore" in p.name() + " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass  # ended meanwhile
     return found
 
 

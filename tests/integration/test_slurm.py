@@ -35,7 +35,8 @@ def _no_slurm_reason() -> str | None:
 
 _SKIP = _no_slurm_reason()
 needs_slurm = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
-pytestmark = pytest.mark.integration
+# One at a time: the test cluster has one node.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
 
 
 class SlurmEcho(Echo):
