@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,11 +26,12 @@ from monarch.actor import endpoint
 
 from forge.actors.checkpointing import CheckpointConfig, Checkpointer
 from forge.controller import ForgeActor
-from forge.data.collate import collate, gather_tokens, pad_sequences
+from forge.data.collate import Batch, collate, gather_tokens, pad_sequences
 from forge.data.episode import Episode
-from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, mismatch_kl
+from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, kl_k3, masked_sum
 from forge.models import resolve_model
 from forge.models.titan import (
+    LOGITS_CHUNK_TOKENS,
     build,
     candidate_logprobs,
     hf_state_dict,
@@ -37,7 +39,11 @@ from forge.models.titan import (
     token_logprobs,
 )
 from forge.models.titan_compat import force_sum_reduction, use_device_type
+from forge.observability.memory import PeakMemory
 from forge.weights.transport import TransportConfig, make_transport
+
+# The parts of the generator-vs-trainer KL a step sums over micro-batches, then over ranks.
+KL_PARTS = ("tokens", "current", "current_kl", "older_kl", "previous", "previous_kl")
 
 
 @dataclass
@@ -72,6 +78,14 @@ class TrainerConfig:
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
             episodes are scored under the weights that generated them (one extra forward
             pass and one parameter copy per step).
+        micro_batch_size: sequences per forward and backward pass on a rank; gradients
+            accumulate over a rank's batch, so the step equals one pass over it. 0: the whole
+            batch at once. Bounds activation memory.
+        logits_chunk_tokens: tokens (sequences x positions) whose vocabulary logits exist at
+            once; logits are recomputed in the backward pass. Bounds logit memory.
+        activation_checkpointing: "full" recomputes each transformer block in the backward
+            pass instead of keeping its activations (torchtitan's full AC): less memory for
+            about a third more compute.
     """
 
     model: str = "SmolLM2-135M-Instruct"
@@ -82,6 +96,9 @@ class TrainerConfig:
     tensor_parallel: int = 1
     seed: int = 0
     exact_mismatch: bool = True  # keep the previous weights to measure the mismatch KL exactly
+    micro_batch_size: int = 0
+    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
+    activation_checkpointing: Literal["none", "full"] = "none"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     loss: GRPOConfig = field(default_factory=GRPOConfig)
@@ -93,6 +110,11 @@ class TrainerConfig:
         if self.objective not in OBJECTIVES:
             known = sorted(OBJECTIVES)
             raise ValueError(f"objective must be one of {known}, got {self.objective!r}")
+        if self.micro_batch_size < 0 or self.logits_chunk_tokens < 1:
+            raise ValueError(
+                "need micro_batch_size >= 0 and logits_chunk_tokens >= 1, got "
+                f"{self.micro_batch_size} and {self.logits_chunk_tokens}"
+            )
 
 
 class TitanTrainer(ForgeActor):
@@ -143,6 +165,7 @@ class TitanTrainer(ForgeActor):
         from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.activation_checkpoint import FullAC
         from torchtitan.models.llama3 import parallelize_llama
         from torchtitan.models.qwen3 import parallelize_qwen3
 
@@ -165,7 +188,7 @@ class TitanTrainer(ForgeActor):
             ),
             parallelism=parallelism,
             compile_config=CompileConfig(),
-            ac_config=None,
+            ac_config=FullAC.Config() if self.cfg.activation_checkpointing == "full" else None,
             dump_folder="/tmp",
         )
         if not cuda:
@@ -193,55 +216,83 @@ class TitanTrainer(ForgeActor):
 
     def _train_step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
         start = time.perf_counter()
-        batch = collate(episodes, self.pad_id)
+        peak = PeakMemory(self.device)
         self.model.train()
-        input_ids = self._to_device(batch.input_ids)
-        top = None
-        if batch.teacher_top_ids is None:
-            logprobs = token_logprobs(self.model, input_ids, self.cfg.temperature)
-        else:
-            candidates = self._to_device(batch.teacher_top_ids)
-            logprobs, top = candidate_logprobs(
-                self.model, input_ids, candidates, self.cfg.temperature
-            )
-        mask = self._to_device(batch.mask)
-        behaviour = self._to_device(batch.behaviour_logprobs)
-        loss, metrics, local_norm = self._loss(logprobs, batch, mask, behaviour, top)
-        global_norm = _all_sum(local_norm)
-        (loss * local_norm / global_norm).backward()
-        # After backward (its graph is gone) and before the step (weights are still current).
+        micro = [
+            (collate(chunk, self.pad_id), real) for chunk, real in self._micro_batches(episodes)
+        ]
+        norms = [self._normaliser(batch) if real else 0.0 for batch, real in micro]
+        global_norm = max(_all_sum(sum(norms)), 1.0)
         # SFT targets come from data, not from a generator: there is nothing to compare with.
         sampled = self.cfg.objective != "sft"
-        mismatch = {}
-        if sampled:
-            mismatch = self._mismatch(logprobs.detach(), behaviour, mask, batch, policy_version)
+        sums: dict[str, float] = defaultdict(float)  # loss and metrics, weighted by norm
+        kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
+        for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
+            self._sync_gradients(last=i == len(micro) - 1)
+            logprobs, loss, metrics = self._forward(batch)
+            (loss * norm / global_norm).backward()
+            for name, value in {"loss": loss.detach(), **metrics}.items():
+                sums[name] += float(value) * norm
+            if sampled and norm:
+                self._kl_parts(logprobs.detach(), batch, policy_version, kl)
+        # After backward (its graph is gone) and before the step (weights are still current).
+        mismatch = self._mismatch(micro, kl) if sampled else {}
         if sampled and policy_version is not None and self.cfg.exact_mismatch:
             weights = [p.detach().clone() for p in self._sharded_parameters()]
             self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
-        tokens = _all_sum(float((batch.input_ids != self.pad_id).sum()))
-        result = {
-            "loss": _all_sum(float(loss.detach()) * local_norm / global_norm),
+        sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
+        totals = _all_sum_each(sums)
+        self.step += 1
+        return {
+            **{name: value / global_norm for name, value in totals.items() if name != "tokens"},
             "grad_norm": float(grad_norm),
             "lr": self.scheduler.get_last_lr()[0],
-            "tokens": tokens,
-            "tokens_per_s": tokens / (time.perf_counter() - start),
+            "tokens": totals["tokens"],
+            "tokens_per_s": totals["tokens"] / (time.perf_counter() - start),
+            f"{peak.metric}": _all_max(peak.gb()),
             **mismatch,
         }
-        for name, value in metrics.items():
-            if name not in result:
-                result[name] = _all_sum(float(value) * local_norm / global_norm)
-        self.step += 1
-        return result
 
-    def _mismatch(self, logprobs, behaviour, mask, batch, version) -> dict[str, float]:
-        """KL(generator || trainer) on the same tokens under the same weights ("mismatch_kl").
+    def _micro_batches(self, episodes: list[Episode]) -> list[tuple[list[Episode], bool]]:
+        """This rank's episodes in chunks of `micro_batch_size`, each with whether it is real.
 
-        Episodes of the current version use this step's logprobs. Episodes one version old use
-        logprobs under the weights before the last step (`exact_mismatch` keeps a copy), so
-        async training still measures the engines' disagreement alone; "policy_drift_kl" is the
-        KL of older episodes to the current weights. A part with no tokens is left out.
+        Every rank runs as many chunks as the rank with the most, so FSDP's collectives pair
+        up; a rank with fewer fills in with one of its episodes at weight 0 (real=False).
         """
+        size = self.cfg.micro_batch_size or max(len(episodes), 1)
+        count = int(_all_max(math.ceil(len(episodes) / size)))
+        chunks = [episodes[i * size : (i + 1) * size] for i in range(count)]
+        return [(chunk or episodes[:1], bool(chunk)) for chunk in chunks]
+
+    def _sync_gradients(self, last: bool) -> None:
+        """FSDP reduces gradients after the last micro-batch only; before, it accumulates."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            self.model.set_requires_gradient_sync(last)
+
+    def _forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """This micro-batch's per-token logprobs, its loss (normalised by its own `_normaliser`)
+        and the objective's metrics."""
+        input_ids = self._to_device(batch.input_ids)
+        chunk, temperature = self.cfg.logits_chunk_tokens, self.cfg.temperature
+        top = None
+        if batch.teacher_top_ids is None:
+            logprobs = token_logprobs(self.model, input_ids, temperature, chunk)
+        else:
+            candidates = self._to_device(batch.teacher_top_ids)
+            logprobs, top = candidate_logprobs(
+                self.model, input_ids, candidates, temperature, chunk
+            )
+        loss, metrics = self._loss(logprobs, batch, top)
+        return logprobs, loss, metrics
+
+    def _kl_parts(self, logprobs, batch: Batch, version: int | None, kl: dict) -> None:
+        """Adds this micro-batch's token counts and per-token KL(generator || trainer) sums:
+        over tokens sampled by the current weights, and over older ones (policy drift)."""
+        mask = self._to_device(batch.mask)
+        per_token = kl_k3(self._to_device(batch.behaviour_logprobs), logprobs)
         versions = torch.tensor([-1 if v is None else v for v in batch.policy_versions])
         is_current = (
             torch.ones_like(versions, dtype=torch.bool)
@@ -250,24 +301,48 @@ class TitanTrainer(ForgeActor):
         )
         current = self._to_device(is_current)[:, None] & mask
         older = mask & ~current
-        n_total, n_current = _all_count(mask), _all_count(current)
-        out = {"current_token_fraction": n_current / max(n_total, 1.0)}
-        kl_sum, n_scored = _kl_sum(logprobs, behaviour, current), n_current
+        kl["tokens"] += float(mask.sum())
+        kl["current"] += float(current.sum())
+        kl["current_kl"] += float(masked_sum(per_token, current))
+        kl["older_kl"] += float(masked_sum(per_token, older))
+
+    def _mismatch(self, micro: list[tuple[Batch, bool]], kl: dict[str, float]) -> dict[str, float]:
+        """KL(generator || trainer) on the same tokens under the same weights ("mismatch_kl").
+
+        Tokens of the current version use this step's logprobs. Tokens one version old use
+        logprobs under the weights before the last step (`exact_mismatch` keeps a copy), so
+        async training still measures the engines' disagreement alone; "policy_drift_kl" is the
+        KL of older tokens to the current weights. A part with no tokens is left out.
+        """
         if self._previous is not None:
-            previous = self._to_device(versions == self._previous[0])[:, None] & older
-            n_previous = _all_count(previous)
-            if n_previous:
-                with torch.no_grad(), self._weights(self._previous[1]):
-                    before = token_logprobs(
-                        self.model, self._to_device(batch.input_ids), self.cfg.temperature
-                    )
-                kl_sum += _kl_sum(before, behaviour, previous)
-                n_scored += n_previous
-        if n_scored:
-            out["mismatch_kl"] = kl_sum / n_scored
-        if n_total > n_current:
-            out["policy_drift_kl"] = _kl_sum(logprobs, behaviour, older) / (n_total - n_current)
+            self._kl_previous(micro, kl)
+        t = _all_sum_each(kl)
+        out = {"current_token_fraction": t["current"] / max(t["tokens"], 1.0)}
+        scored = t["current"] + t["previous"]
+        if scored:
+            out["mismatch_kl"] = (t["current_kl"] + t["previous_kl"]) / scored
+        if t["tokens"] > t["current"]:
+            out["policy_drift_kl"] = t["older_kl"] / (t["tokens"] - t["current"])
         return out
+
+    def _kl_previous(self, micro: list[tuple[Batch, bool]], kl: dict[str, float]) -> None:
+        """Adds the KL of the tokens the previous weights sampled, under those weights."""
+        version, weights = self._previous
+        parts = []
+        for batch, real in micro:
+            by_previous = torch.tensor([v == version for v in batch.policy_versions])
+            parts.append(self._to_device(by_previous)[:, None] & self._to_device(batch.mask) & real)
+        if not _all_sum(sum(float(p.sum()) for p in parts)):
+            return  # every rank skips the forward passes alike
+        with torch.no_grad(), self._weights(weights):
+            for (batch, _), part in zip(micro, parts, strict=True):
+                input_ids = self._to_device(batch.input_ids)
+                before = token_logprobs(
+                    self.model, input_ids, self.cfg.temperature, self.cfg.logits_chunk_tokens
+                )
+                behaviour = self._to_device(batch.behaviour_logprobs)
+                kl["previous"] += float(part.sum())
+                kl["previous_kl"] += float(masked_sum(kl_k3(behaviour, before), part))
 
     @contextlib.contextmanager
     def _weights(self, snapshot: list[torch.Tensor]) -> Iterator[None]:
@@ -293,23 +368,30 @@ class TitanTrainer(ForgeActor):
                 module.reshard()
         return list(self.model.parameters())
 
-    def _loss(self, logprobs, batch, mask, behaviour, top=None) -> tuple[torch.Tensor, dict, float]:
-        """The objective's loss over this rank's batch, its metrics, and its normaliser.
-        `top`: the trainer's logprobs of the teacher's top k tokens, or None."""
-        per_sequence = self.cfg.loss.aggregation != "token_mean"
-        norm = float(mask.any(-1).sum() if per_sequence else mask.sum())
+    def _loss(
+        self, logprobs: torch.Tensor, batch: Batch, top: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The objective's loss over a micro-batch (normalised by `_normaliser`) and its
+        metrics. `top`: the trainer's logprobs of the teacher's top k tokens, or None."""
         inputs = ObjectiveInputs(
             logprobs=logprobs,
-            mask=mask,
-            behaviour_logprobs=behaviour,
+            mask=self._to_device(batch.mask),
+            behaviour_logprobs=self._to_device(batch.behaviour_logprobs),
             advantages=self._to_device(batch.advantages),
             ref_logprobs=self._optional(batch.ref_logprobs),
             teacher_logprobs=self._optional(batch.teacher_logprobs),
             teacher_top_logprobs=self._optional(batch.teacher_top_logprobs),
             student_top_logprobs=top,
         )
-        loss, metrics = OBJECTIVES[self.cfg.objective](inputs, self.cfg.loss)
-        return loss, metrics, norm
+        return OBJECTIVES[self.cfg.objective](inputs, self.cfg.loss)
+
+    def _normaliser(self, batch: Batch) -> float:
+        """What the loss of `batch` is an average over: its completion tokens (token_mean) or
+        its non-empty sequences. Weighting each micro-batch's loss by it, over the global sum,
+        gives the loss of the whole batch."""
+        if self.cfg.loss.aggregation == "token_mean":
+            return float(batch.mask.sum())
+        return float(batch.mask.any(-1).sum())
 
     def _optional(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else self._to_device(tensor)
@@ -336,28 +418,37 @@ class TitanTrainer(ForgeActor):
         return await asyncio.to_thread(self._eval_loss, batches[self.rank])
 
     def _eval_loss(self, episodes: list[Episode]) -> float:
-        batch = collate(episodes, self.pad_id)
         self.model.eval()
+        total = norm = 0.0
         with torch.no_grad():
-            logprobs = token_logprobs(
-                self.model, self._to_device(batch.input_ids), self.cfg.temperature
-            )
-            mask = self._to_device(batch.mask)
-            behaviour = self._to_device(batch.behaviour_logprobs)
-            loss, _, local_norm = self._loss(logprobs, batch, mask, behaviour)
-        return _all_sum(float(loss) * local_norm) / max(_all_sum(local_norm), 1.0)
+            for chunk, real in self._micro_batches(episodes):
+                batch = collate(chunk, self.pad_id)
+                _, loss, _ = self._forward(batch)
+                weight = self._normaliser(batch) if real else 0.0
+                total, norm = total + float(loss) * weight, norm + weight
+        return _all_sum(total) / max(_all_sum(norm), 1.0)
 
     @endpoint
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        """Per-token logprobs of each (prompt ids, completion ids) under the current weights."""
+        """Per-token logprobs of each (prompt ids, completion ids) under the current weights,
+        `micro_batch_size` sequences per forward pass. Call on every rank with the same pairs."""
         return await asyncio.to_thread(self._compute_logprobs, pairs)
 
     def _compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        input_ids, mask = pad_sequences(pairs, self.pad_id)
         self.model.eval()
-        with torch.no_grad():
-            logprobs = token_logprobs(self.model, self._to_device(input_ids), self.cfg.temperature)
-        return gather_tokens(logprobs.cpu(), mask)
+        size = self.cfg.micro_batch_size or max(len(pairs), 1)
+        out: list[list[float]] = []
+        for start in range(0, len(pairs), size):
+            input_ids, mask = pad_sequences(pairs[start : start + size], self.pad_id)
+            with torch.no_grad():
+                logprobs = token_logprobs(
+                    self.model,
+                    self._to_device(input_ids),
+                    self.cfg.temperature,
+                    self.cfg.logits_chunk_tokens,
+                )
+            out.extend(gather_tokens(logprobs.cpu(), mask))
+        return out
 
     # --- weights and checkpoints --------------------------------------------------------------
 
@@ -433,23 +524,26 @@ def lr_factor(cfg: SchedulerConfig, step: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def _kl_sum(logprobs: torch.Tensor, behaviour: torch.Tensor, part: torch.Tensor) -> float:
-    """The global sum over `part`'s tokens of the per-token KL(generator || trainer)."""
-    kl, _ = mismatch_kl(logprobs, behaviour, part)
-    return _all_sum(float(kl) * float(part.sum()))
-
-
-def _all_count(part: torch.Tensor) -> float:
-    """How many tokens `part` marks, over every rank."""
-    return _all_sum(float(part.sum()))
-
-
 def _all_sum(value: float) -> float:
-    tensor = torch.tensor([value], dtype=torch.float64)
+    return _all_reduce([value], dist.ReduceOp.SUM)[0]
+
+
+def _all_max(value: float) -> float:
+    return _all_reduce([value], dist.ReduceOp.MAX)[0]
+
+
+def _all_sum_each(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over every rank, in one collective (every rank has the same keys)."""
+    keys = sorted(values)
+    return dict(zip(keys, _all_reduce([values[k] for k in keys], dist.ReduceOp.SUM), strict=True))
+
+
+def _all_reduce(values: list[float], op: Any) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         tensor = tensor.cuda()
-    dist.all_reduce(tensor)
-    return float(tensor.item())
+    dist.all_reduce(tensor, op=op)
+    return tensor.tolist()
 
 
 def _load_full(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 _LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
 _NORM_INIT = {"weight": nn.init.ones_}
@@ -178,22 +179,33 @@ def load_pretrained(checkpoint: str | Path, max_seq_len: int | None = None) -> n
     return module.eval()
 
 
+# Positions x sequences whose logits exist at once: [chunk, vocab] floats (0.4 GB at SmolLM2's
+# vocabulary), however long the batch.
+LOGITS_CHUNK_TOKENS = 2048
+
+
 def token_logprobs(
-    module: nn.Module, input_ids: torch.Tensor, temperature: float = 1.0
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = LOGITS_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """log p(input_ids[:, j+1] | input_ids[:, :j+1]) for every position j: shape [B, T-1].
 
-    Logits are divided by `temperature` first, as the generator samples.
+    Logits are divided by `temperature` first, as the generator samples. They are computed
+    `chunk_tokens` at a time from the final hidden states, and recomputed in the backward pass:
+    no [B, T, vocab] tensor ever exists.
     """
-    logits = module(input_ids)[:, :-1].float() / temperature
-    targets = input_ids[:, 1:]
-    # cross_entropy fuses log-softmax and gather: no [B, T, vocab] log-prob tensor is kept.
-    nll = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-    return -nll.view(targets.shape)
+    (actual,) = _over_chunks(module, input_ids, temperature, chunk_tokens, _actual)
+    return actual
 
 
 def candidate_logprobs(
-    module: nn.Module, input_ids: torch.Tensor, candidates: torch.Tensor, temperature: float = 1.0
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    candidates: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = LOGITS_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and log p(c | input_ids[:, :j+1]) of each candidate token c.
 
@@ -203,13 +215,19 @@ def candidate_logprobs(
     Returns:
         ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] logprobs of the candidates).
     """
-    logits, log_z, actual = _next_token_logits(module, input_ids, temperature)
-    return actual, logits.gather(-1, candidates) - log_z
+    actual, chosen = _over_chunks(
+        module, input_ids, temperature, chunk_tokens, _with_candidates, candidates
+    )
+    return actual, chosen
 
 
 @torch.no_grad()
 def top_logprobs(
-    module: nn.Module, input_ids: torch.Tensor, k: int, temperature: float = 1.0
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    k: int,
+    temperature: float = 1.0,
+    chunk_tokens: int = LOGITS_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and the k most likely next tokens at every position with their logprobs.
 
@@ -217,17 +235,73 @@ def top_logprobs(
         ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] top ids, [B, T-1, k] their
         logprobs, most likely first).
     """
-    logits, log_z, actual = _next_token_logits(module, input_ids, temperature)
-    values, ids = logits.topk(k, dim=-1)
-    return actual, ids, values - log_z
+    actual, ids, values = _over_chunks(
+        module, input_ids, temperature, chunk_tokens, partial(_with_top, k=k)
+    )
+    return actual, ids, values
 
 
-def _next_token_logits(
-    module: nn.Module, input_ids: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tempered logits [B, T-1, vocab], their log-normaliser [B, T-1, 1], and the actual next
-    tokens' logprobs [B, T-1]. Gathers minus the normaliser: no [B, T, vocab] log-prob tensor."""
-    logits = module(input_ids)[:, :-1].float() / temperature
+def _over_chunks(
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    per_chunk: Any,
+    *per_position: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Runs the model up to its final norm once, then `per_chunk(logits, targets, *slices)` on
+    the tempered logits of a few positions at a time; concatenates the outputs along T-1.
+
+    With gradients on, each chunk is checkpointed: its logits are recomputed in the backward
+    pass instead of kept, so memory holds one chunk's logits, not the batch's.
+    """
+    hidden = _final_hidden(module, input_ids)[:, :-1]
+    targets = input_ids[:, 1:]
+    width = max(1, chunk_tokens // input_ids.shape[0])
+    lm_head = module.lm_head
+
+    def chunk(h: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return per_chunk(lm_head(h).float() / temperature, *rest)
+
+    outputs = []
+    for start in range(0, hidden.shape[1], width):
+        parts = [t[:, start : start + width] for t in (hidden, targets, *per_position)]
+        if hidden.requires_grad:
+            outputs.append(checkpoint(chunk, *parts, use_reentrant=False))
+        else:
+            outputs.append(chunk(*parts))
+    return [torch.cat(pieces, dim=1) for pieces in zip(*outputs, strict=True)]
+
+
+def _final_hidden(module: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's output before its lm_head: [B, T, dim]."""
+    # torchtitan 0.3.0's Decoder skips its lm_head when this attribute is set (its own chunked
+    # loss uses it); an attribute, not an argument, of the forward.
+    module._skip_lm_head = True
+    try:
+        return module(input_ids)
+    finally:
+        module._skip_lm_head = False
+
+
+def _actual(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+    # cross_entropy fuses log-softmax and gather: no log-prob tensor the size of the logits.
+    nll = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    return (-nll.view(targets.shape),)
+
+
+def _with_candidates(
+    logits: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
-    actual = logits.gather(-1, input_ids[:, 1:, None]) - log_z
-    return logits, log_z, actual.squeeze(-1)
+    actual = logits.gather(-1, targets[..., None]) - log_z
+    return actual.squeeze(-1), logits.gather(-1, candidates) - log_z
+
+
+def _with_top(
+    logits: torch.Tensor, targets: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
+    actual = logits.gather(-1, targets[..., None]) - log_z
+    values, ids = logits.topk(k, dim=-1)
+    return actual.squeeze(-1), ids, values - log_z

@@ -117,10 +117,12 @@ def test_a_killed_trainer_is_restarted_from_its_checkpoint(tmp_path):
     steps = metrics(run_dir)
     assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
     assert max(m.get("trainer/restarts", 0) for m in steps) == 1
-    restart = next(m for m in steps if "trainer/restart_s" in m)
+    after = next(i for i, m in enumerate(steps) if "trainer/restart_s" in m)
+    restart, gap = steps[after], steps[after]["time"] - steps[after - 1]["time"]
     print(
         f"trainer restart: {restart['trainer/restart_s']:.1f}s to respawn and re-sync, "
-        f"{restart['trainer/redone_steps']:.0f} steps redone"
+        f"{restart['trainer/redone_steps']:.0f} steps redone; {gap:.1f}s from the checkpoint's "
+        "step to the first step after the restart (the lost work included)"
     )
     ids = [e for r in trained(run_dir) for e in r["episodes"]]
     assert len(ids) == len(set(ids))

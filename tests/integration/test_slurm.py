@@ -35,8 +35,7 @@ def _no_slurm_reason() -> str | None:
 
 _SKIP = _no_slurm_reason()
 needs_slurm = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
-# One at a time: the test cluster has one node.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
+pytestmark = pytest.mark.integration
 
 
 class SlurmEcho(Echo):

@@ -5,7 +5,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from forge.models import smollm2, tiny_model
-from forge.models.titan import hf_state_dict, load_pretrained, titan_model, token_logprobs
+from forge.models.titan import (
+    candidate_logprobs,
+    hf_state_dict,
+    load_pretrained,
+    titan_model,
+    token_logprobs,
+    top_logprobs,
+)
 
 
 def hf_logprobs(path, input_ids: torch.Tensor) -> torch.Tensor:
@@ -47,3 +54,29 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         titan_model(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_logits_in_chunks_give_the_same_logprobs_and_gradients(family):
+    model = load_pretrained(tiny_model(family, seed=1)).train()
+    ids = torch.randint(0, 1000, (3, 11), generator=torch.Generator().manual_seed(0))
+    candidates = torch.randint(0, 1000, (3, 10, 4), generator=torch.Generator().manual_seed(1))
+    results = []
+    for chunk_tokens in (10_000, 4):  # the whole batch at once, then 1 position per chunk
+        model.zero_grad()
+        actual, chosen = candidate_logprobs(model, ids, candidates, 0.7, chunk_tokens)
+        (actual.sum() + chosen.exp().sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        plain = token_logprobs(model, ids, 0.7, chunk_tokens)
+        top = top_logprobs(model, ids, 5, 0.7, chunk_tokens)
+        results.append((actual.detach(), chosen.detach(), grads, plain.detach(), top))
+    (a1, c1, g1, p1, t1), (a2, c2, g2, p2, t2) = results
+    torch.testing.assert_close(a1, a2)
+    torch.testing.assert_close(c1, c2)
+    torch.testing.assert_close(p1, a1)
+    for whole, chunked in zip(g1, g2, strict=True):  # sums in another order: float noise only
+        scale = float(whole.abs().max())
+        assert (whole - chunked).abs().max() <= 1e-4 * scale, (whole - chunked).abs().max() / scale
+    for whole, chunked in zip(t1, t2, strict=True):
+        torch.testing.assert_close(whole, chunked)
+    assert max(g.abs().max() for g in g1) > 0

@@ -1,0 +1,101 @@
+"""Trainer memory against batch size at a fixed micro-batch, and its FLOP rate against a matmul.
+
+One TitanTrainer (SmolLM2-135M, fp32) takes a GRPO step on batches of 16, 64 and 256 sequences
+of GRPO's shape (a ~40-token prompt, 32 sampled tokens), `--micro-batch` sequences per forward
+and backward pass. Printed, from this one run: the trainer's peak resident memory per batch
+size (and its ratio to the 16-sequence figure), and the trainer's FLOP rate
+(6 x parameters x tokens / step time) as a fraction of a 2048^3 fp32 matmul's on the same cores.
+The simplest alternative, one pass over the whole batch (`--micro-batch 0`), is run for the
+batch sizes that fit in `--whole-up-to`.
+
+    python bench/trainer_memory.py [--micro-batch 16] [--sizes 16 64 256] [--whole-up-to 64]
+"""
+
+import argparse
+import asyncio
+import random
+import time
+
+import torch
+
+from forge.actors.trainer import TitanTrainer, TrainerConfig
+from forge.controller import shutdown
+from forge.data import Completion, Episode
+from forge.models import smollm2
+from forge.models.titan import load_pretrained
+
+
+def batch(n: int, seed: int) -> list[Episode]:
+    """GRPO-shaped episodes: groups of 8 with random advantages (fresh data: ratio 1)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(49152) for _ in range(rng.randint(36, 44))]
+        tokens = [rng.randrange(49152) for _ in range(32)]
+        completion = Completion(prompt, tokens, "", [-10.8] * 32, [0] * 32, "")
+        out.append(Episode(f"{seed}-{i}", f"{seed}-{i // 8}", completion, advantage=rng.gauss()))
+    return out
+
+
+def matmul_flops(size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an fp32 [size, size] @ [size, size] on this process's cores (best of)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up: thread pool, caches
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+async def measure(micro_batch: int, sizes: list[int]) -> list[dict[str, float]]:
+    """One warm-up step, then one step per batch size: peak RSS, tokens and seconds."""
+    cfg = TrainerConfig(model=str(smollm2()), micro_batch_size=micro_batch, exact_mismatch=False)
+    trainer = await TitanTrainer.as_actor(cfg)
+    await trainer.train_step.call_one([batch(8, seed=0)])
+    rows = []
+    for size in sizes:
+        start = time.perf_counter()
+        m = await trainer.train_step.call_one([batch(size, seed=size)])
+        rows.append(
+            {"size": size, "peak": m["peak_rss_gb"], "tokens": m["tokens"]}
+            | {"seconds": time.perf_counter() - start}
+        )
+    await TitanTrainer.shutdown(trainer)
+    return rows
+
+
+def report(name: str, rows: list[dict[str, float]], params: int, flops: float) -> None:
+    base = rows[0]["peak"]
+    for r in rows:
+        rate = 6 * params * r["tokens"] / r["seconds"]
+        print(
+            f"{name:>14} | {r['size']:4d} sequences | peak RSS {r['peak']:5.2f} GB "
+            f"({r['peak'] / base:4.2f} x the {rows[0]['size']}-sequence figure) | "
+            f"{r['tokens'] / r['seconds']:6.0f} tokens/s = {rate / flops:4.2f} x matmul rate"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--whole-up-to", type=int, default=64)
+    args = parser.parse_args()
+    params = sum(p.numel() for p in load_pretrained(smollm2()).parameters())
+    flops = matmul_flops()
+    print(f"SmolLM2-135M: {params / 1e6:.1f}M parameters; 2048^3 matmul: {flops / 1e9:.0f} GFLOP/s")
+    try:
+        micro = await measure(args.micro_batch, args.sizes)
+        whole = await measure(0, [s for s in args.sizes if s <= args.whole_up_to])
+    finally:
+        await shutdown()
+    report(f"micro-batch {args.micro_batch}", micro, params, flops)
+    report("whole batch", whole, params, flops)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

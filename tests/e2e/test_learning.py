@@ -1,0 +1,115 @@
+"""SmolLM2-135M learns, through `python -m forge run`, with the shipped CPU configs cut short:
+GRPO (one-digit additions), SFT (answers in tags) and distillation (of that SFT model).
+
+One file, so that one test worker runs them one after another (`make test` distributes files
+with --dist loadfile): each pins its generator and trainer to a core of its own, and the SFT
+run is the distillation test's teacher.
+"""
+
+from pathlib import Path
+
+import pytest
+from helper_runs import evals, finish, forge_run, metrics, trained
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+SFT_STEPS = 12
+DISTILL_STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def sft_smollm2(tmp_path_factory) -> Path:
+    """The run folder of `make sft`'s config cut to 12 steps, with its exported model (`hf/`):
+    the SFT learning test reads it, and the distillation learning test distils it."""
+    run_dir = tmp_path_factory.mktemp("sft") / "learn"
+    overrides = (
+        f"steps={SFT_STEPS}",
+        f"eval.interval={SFT_STEPS}",
+        "trainer.checkpoint.folder=null",
+    )
+    finish(forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
+    return run_dir
+
+
+def test_async_grpo_learns_one_digit_additions_on_smollm2(tmp_path):
+    """SmolLM2-135M, `make grpo`'s config (reasoning-gym score + 0.2 x format), fewer steps.
+
+    Measured: the base model's held-out greedy reward on these 64 rows is 0.6875 (greedy on
+    fixed rows: the same every run); runs scored 0.8125 after 4 async steps, 0.89 after 8 and
+    0.875 after 12 (~37 s a step: the trainer, at ~30 tokens/s on one core, sets the pace).
+    The test trains 8 steps and asks for a gain of 0.1, about half the measured one; the format
+    reward stays 0 this early, so the gain is right answers (reasoning-gym score).
+    """
+    run_dir = tmp_path / "learn"
+    overrides = (
+        "steps=8",
+        "trainer.optimizer.lr=2e-5",
+        "trainer.checkpoint.folder=null",
+        "export_hf=false",
+        "eval.interval=8",
+    )
+    finish(forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
+    steps = metrics(run_dir)
+    rewards = [r["reward"] for r in evals(run_dir, "reward")]
+    base, last = rewards[0], rewards[-1]
+    print(f"held-out greedy reward: base {base:.3f}, after 8 steps {last:.3f}")
+    assert last > base + 0.1
+    assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
+    for record in trained(run_dir):
+        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+        assert max(ages) <= 1, record
+
+
+def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(sft_smollm2):
+    """`make sft`'s config, fewer steps. The score is the config's reward: reasoning-gym
+    correctness + the answer format (`<answer>` tags), each up to 1.
+
+    Measured on the 64 held-out rows: the base model's held-out loss 1.52 and reward 0.6875
+    (correct 0.6875, format 0); after 12 steps loss 0.12 (0.17 at step 6) and reward 1.67
+    (correct 0.67, format 1.0). Correctness alone dips first (0.52 at step 6), while the model
+    moves from answering in prose to answering in the tags directly, then climbs back. The test
+    asks the loss to halve and the reward to gain 0.5, about half the gain measured, and
+    correctness to stay within 0.2 of the base's.
+    """
+    run_dir = sft_smollm2
+    losses = [r["loss"] for r in evals(run_dir, "loss")]
+    rewards = evals(run_dir, "reward")
+    print(f"held-out loss {losses}, held-out greedy reward {rewards}")
+    assert losses[-1] < 0.5 * losses[0]
+    assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
+    correct = [r["rewards"]["reasoning_gym"] for r in rewards]
+    assert correct[-1] > correct[0] - 0.2
+    assert max(m["train/padding_fraction"] for m in metrics(run_dir)) < 0.1
+
+
+def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_path):
+    """`make distill`'s config, 10 steps: the teacher is the SFT test's exported model, which
+    answers "<answer>7</answer>"; the student, SmolLM2-135M-Instruct, answers in prose. The
+    teacher returns its top 20 tokens per position and the KL there is computed.
+
+    Measured: reverse KL per token by step 0.95, 0.74, 0.52, 1.21, 0.87, 0.72, 0.34, 0.19, 0.12,
+    0.08 (the bump is the switch from prose to the teacher's format); held-out greedy reward
+    0.69 -> 1.51 (format 0 -> 1.0, correctness 0.69 -> 0.51). With the sampled-token estimator
+    the same setup's KL had not halved by step 12 and correctness fell to 0.16. The
+    test asks the KL of the last step, and the mean of the last two, to be below half the
+    first's, the format to be taken up (>= 0.9) and the held-out reward to gain 0.5.
+    """
+    run_dir = tmp_path / "learn"
+    overrides = (
+        f"steps={DISTILL_STEPS}",
+        f"teacher.model={sft_smollm2 / 'hf'}",
+        "trainer.checkpoint.folder=null",
+        "export_hf=false",
+        f"eval.interval={DISTILL_STEPS}",
+    )
+    finish(
+        forge_run("distillation", "configs/distillation/smollm2_cpu.yaml", run_dir, *overrides),
+        run_dir,
+    )
+    kl = [m["train/reverse_kl"] for m in metrics(run_dir)]
+    rewards = evals(run_dir, "reward")
+    print(f"reverse KL per step {kl}, held-out greedy reward {rewards}")
+    assert kl[-1] < 0.5 * kl[0]
+    assert sum(kl[-2:]) < 0.5 * sum(kl[:2])
+    assert rewards[-1]["rewards"]["format"] >= 0.9
+    assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
