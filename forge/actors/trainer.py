@@ -346,17 +346,23 @@ class TitanTrainer(ForgeActor):
 
     @contextlib.contextmanager
     def _weights(self, snapshot: list[torch.Tensor]) -> Iterator[None]:
-        """Runs the block on `snapshot`'s parameter values, then puts the current ones back."""
-        params = self._sharded_parameters()
-        current = [p.detach().clone() for p in params]
-        for p, old in zip(params, snapshot, strict=True):
-            p.detach().copy_(old)
+        """Runs the block on `snapshot`'s parameter values, then puts the current ones back.
+
+        The values are swapped in place, one tensor of scratch at a time (`snapshot` holds the
+        current ones meanwhile): a second copy of the whole model would raise the step's peak.
+        """
+        self._swap(snapshot)
         try:
             yield
         finally:
-            params = self._sharded_parameters()
-            for p, now in zip(params, current, strict=True):
-                p.detach().copy_(now)
+            self._swap(snapshot)
+
+    def _swap(self, snapshot: list[torch.Tensor]) -> None:
+        for param, other in zip(self._sharded_parameters(), snapshot, strict=True):
+            param = param.detach()
+            scratch = param.clone()
+            param.copy_(other)
+            other.copy_(scratch)
 
     def _sharded_parameters(self) -> list[torch.Tensor]:
         """The parameters in their sharded form: FSDP may leave a module unsharded after a

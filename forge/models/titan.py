@@ -258,10 +258,10 @@ def _over_chunks(
     hidden = _final_hidden(module, input_ids)[:, :-1]
     targets = input_ids[:, 1:]
     width = max(1, chunk_tokens // input_ids.shape[0])
-    lm_head = module.lm_head
+    weight = _lm_head_weight(module)
 
     def chunk(h: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return per_chunk(lm_head(h).float() / temperature, *rest)
+        return per_chunk(nn.functional.linear(h, weight).float() / temperature, *rest)
 
     outputs = []
     for start in range(0, hidden.shape[1], width):
@@ -282,6 +282,19 @@ def _final_hidden(module: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return module(input_ids)
     finally:
         module._skip_lm_head = False
+
+
+def _lm_head_weight(module: nn.Module) -> torch.Tensor:
+    """The lm_head's whole weight, differentiably: gathered here once if FSDP shards it.
+
+    Calling an FSDP-managed lm_head module once per chunk (and again when the backward pass
+    recomputes the chunk) leaves FSDP's unshard/reshard bookkeeping out of step; one gather
+    whose backward reduce-scatters the gradient does not.
+    """
+    from torch.distributed.tensor import DTensor
+
+    weight = module.lm_head.weight
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
 def _actual(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:

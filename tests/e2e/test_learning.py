@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from helper_runs import evals, finish, forge_run, metrics, trained
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+# Each run may take 20 minutes when the other test worker is busy too.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+RUN_TIMEOUT_S = 1500
 
 SFT_STEPS = 12
 DISTILL_STEPS = 10
@@ -27,7 +29,11 @@ def sft_smollm2(tmp_path_factory) -> Path:
         f"eval.interval={SFT_STEPS}",
         "trainer.checkpoint.folder=null",
     )
-    finish(forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
+    finish(
+        forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides),
+        run_dir,
+        RUN_TIMEOUT_S,
+    )
     return run_dir
 
 
@@ -48,7 +54,11 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2(tmp_path):
         "export_hf=false",
         "eval.interval=8",
     )
-    finish(forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides), run_dir)
+    finish(
+        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
+        run_dir,
+        RUN_TIMEOUT_S,
+    )
     steps = metrics(run_dir)
     rewards = [r["reward"] for r in evals(run_dir, "reward")]
     base, last = rewards[0], rewards[-1]
@@ -102,10 +112,8 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
         "export_hf=false",
         f"eval.interval={DISTILL_STEPS}",
     )
-    finish(
-        forge_run("distillation", "configs/distillation/smollm2_cpu.yaml", run_dir, *overrides),
-        run_dir,
-    )
+    config = "configs/distillation/smollm2_cpu.yaml"
+    finish(forge_run("distillation", config, run_dir, *overrides), run_dir, RUN_TIMEOUT_S)
     kl = [m["train/reverse_kl"] for m in metrics(run_dir)]
     rewards = evals(run_dir, "reward")
     print(f"reverse KL per step {kl}, held-out greedy reward {rewards}")
@@ -113,3 +121,32 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
     assert sum(kl[-2:]) < 0.5 * sum(kl[:2])
     assert rewards[-1]["rewards"]["format"] >= 0.9
     assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
+
+
+def test_grpo_on_a_batch_of_64_runs_in_bounded_memory(tmp_path):
+    """`make grpo`'s config with 8 prompts x 8 samples a step (the batch a TRL user starts
+    with), 5 steps: the trainer takes it 8 sequences at a time (`micro_batch_size`). One pass
+    over the 64 sequences was killed by the OOM killer at 13.9 GB before micro-batches.
+
+    Measured: peaks of 4.2, 5.8, 6.1, 6.6, 6.5 GB (step 1 has no previous weights to keep for
+    the exact mismatch KL). The issue's target of 6 GB is not met yet; the bound here is 7.5.
+    """
+    run_dir = tmp_path / "batch64"
+    overrides = (
+        "steps=5",
+        "buffer.batch_size=64",
+        "trainer.checkpoint.folder=null",
+        "export_hf=false",
+        "eval.interval=0",
+    )
+    finish(
+        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
+        run_dir,
+        RUN_TIMEOUT_S,
+    )
+    steps = metrics(run_dir)
+    peaks = [m["train/peak_rss_gb"] for m in steps]
+    print(f"trainer peak RSS per step (GB): {peaks}")
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
+    assert all(len(r["episodes"]) == 64 for r in trained(run_dir))
+    assert max(peaks) < 7.5
