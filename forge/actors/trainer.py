@@ -39,7 +39,7 @@ from forge.models.titan import (
     token_logprobs,
 )
 from forge.models.titan_compat import force_sum_reduction, use_device_type
-from forge.observability.memory import PeakMemory
+from forge.observability.memory import PeakMemory, release_free_heap
 from forge.weights.transport import TransportConfig, make_transport
 
 # The parts of the generator-vs-trainer KL a step sums over micro-batches, then over ranks.
@@ -150,6 +150,7 @@ class TitanTrainer(ForgeActor):
             betas=tuple(o.betas),
             eps=o.eps,
             weight_decay=o.weight_decay,
+            fused=True,  # one kernel per step instead of a loop over parameters (CPU and GPU)
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(self.cfg.scheduler, step)
@@ -169,6 +170,15 @@ class TitanTrainer(ForgeActor):
         from torchtitan.models.llama3 import parallelize_llama
         from torchtitan.models.qwen3 import parallelize_qwen3
 
+        ac = FullAC.Config() if self.cfg.activation_checkpointing == "full" else None
+        if self.world == 1 and self.cfg.dtype == "float32":
+            # One rank has nothing to shard and no precision to mix: FSDP would only copy each
+            # parameter at every unshard and keep a second, unsharded gradient while
+            # micro-batches accumulate (0.5 GB more at SmolLM2's size).
+            model = build(titan, meta=True)
+            if ac is not None:
+                ac.build(dump_folder="/tmp").apply(model)
+            return self._materialise(model)
         use_device_type("cuda" if cuda else "cpu")
         dist_utils.set_spmd_backend("partial_dtensor")
         tp = self.cfg.tensor_parallel
@@ -188,11 +198,15 @@ class TitanTrainer(ForgeActor):
             ),
             parallelism=parallelism,
             compile_config=CompileConfig(),
-            ac_config=FullAC.Config() if self.cfg.activation_checkpointing == "full" else None,
+            ac_config=ac,
             dump_folder="/tmp",
         )
         if not cuda:
             force_sum_reduction(model)
+        return self._materialise(model)
+
+    def _materialise(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Allocates a meta-device model's storage and fills its buffers (RoPE cache)."""
         model.to_empty(device=self.device or "cpu")
         with torch.no_grad():
             model.init_states(buffer_device=self.device or torch.device("cpu"))
@@ -227,6 +241,9 @@ class TitanTrainer(ForgeActor):
         sampled = self.cfg.objective != "sft"
         sums: dict[str, float] = defaultdict(float)  # loss and metrics, weighted by norm
         kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
+        if sampled and self._previous is not None:
+            # First, while no activation or gradient is held: it adds nothing to the peak.
+            self._kl_previous(micro, kl)
         for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
             self._sync_gradients(last=i == len(micro) - 1)
             logprobs, loss, metrics = self._forward(batch)
@@ -235,12 +252,13 @@ class TitanTrainer(ForgeActor):
                 sums[name] += float(value) * norm
             if sampled and norm:
                 self._kl_parts(logprobs.detach(), batch, policy_version, kl)
-        # After backward (its graph is gone) and before the step (weights are still current).
-        mismatch = self._mismatch(micro, kl) if sampled else {}
+        mismatch = self._mismatch(kl) if sampled else {}
+        # Before the optimiser step: these weights generated the episodes of `policy_version`.
         if sampled and policy_version is not None and self.cfg.exact_mismatch:
             weights = [p.detach().clone() for p in self._sharded_parameters()]
             self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
+        release_free_heap()
         sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
         totals = _all_sum_each(sums)
         self.step += 1
@@ -257,11 +275,14 @@ class TitanTrainer(ForgeActor):
     def _micro_batches(self, episodes: list[Episode]) -> list[tuple[list[Episode], bool]]:
         """This rank's episodes in chunks of `micro_batch_size`, each with whether it is real.
 
-        Every rank runs as many chunks as the rank with the most, so FSDP's collectives pair
-        up; a rank with fewer fills in with one of its episodes at weight 0 (real=False).
+        Sorted by length first. Every rank runs as many chunks as the rank with the most, so
+        FSDP's collectives pair up; a rank with fewer fills in with one of its episodes at
+        weight 0 (real=False).
         """
         size = self.cfg.micro_batch_size or max(len(episodes), 1)
         count = int(_all_max(math.ceil(len(episodes) / size)))
+        # Similar lengths together: each micro-batch pads to its longest sequence.
+        episodes = sorted(episodes, key=_length)
         chunks = [episodes[i * size : (i + 1) * size] for i in range(count)]
         return [(chunk or episodes[:1], bool(chunk)) for chunk in chunks]
 
@@ -306,7 +327,7 @@ class TitanTrainer(ForgeActor):
         kl["current_kl"] += float(masked_sum(per_token, current))
         kl["older_kl"] += float(masked_sum(per_token, older))
 
-    def _mismatch(self, micro: list[tuple[Batch, bool]], kl: dict[str, float]) -> dict[str, float]:
+    def _mismatch(self, kl: dict[str, float]) -> dict[str, float]:
         """KL(generator || trainer) on the same tokens under the same weights ("mismatch_kl").
 
         Tokens of the current version use this step's logprobs. Tokens one version old use
@@ -314,8 +335,6 @@ class TitanTrainer(ForgeActor):
         async training still measures the engines' disagreement alone; "policy_drift_kl" is the
         KL of older tokens to the current weights. A part with no tokens is left out.
         """
-        if self._previous is not None:
-            self._kl_previous(micro, kl)
         t = _all_sum_each(kl)
         out = {"current_token_fraction": t["current"] / max(t["tokens"], 1.0)}
         scored = t["current"] + t["previous"]
@@ -517,6 +536,10 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def get_step(self) -> int:
         return self.step
+
+
+def _length(episode: Episode) -> int:
+    return len(episode.completion.prompt_ids) + len(episode.completion.token_ids)
 
 
 def lr_factor(cfg: SchedulerConfig, step: int) -> float:

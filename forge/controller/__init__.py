@@ -1,6 +1,7 @@
 """The Monarch layer: actors, placement, provisioning and services. Knows nothing of RL."""
 
 from forge.controller.actor import ActorOptions, ForgeActor, retry_safe
+from forge.controller.monarch_compat import SupervisionError
 from forge.controller.provisioner import (
     ProcessConfig,
     Provisioner,
@@ -20,6 +21,7 @@ __all__ = [
     "ProvisionerConfig",
     "Service",
     "ServiceConfig",
+    "SupervisionError",
     "SlurmConfig",
     "get_provisioner",
     "init_provisioner",

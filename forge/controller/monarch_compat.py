@@ -3,6 +3,12 @@
 import asyncio
 from typing import Any
 
+# Monarch 0.7 raises this when a call's actor or process died; it is exported only from its
+# private bindings. Import it from `forge.controller`.
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+__all__ = ["SupervisionError", "stop_proc_mesh"]
+
 # Long enough for a live mesh's buffered log lines to arrive.
 LOG_FLUSH_TIMEOUT_S = 3.0
 

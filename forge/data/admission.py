@@ -141,6 +141,15 @@ class AdmissionGate:
                 f"{self._batch_size}; is the training loop reporting consumed()?"
             ) from None
 
+    def restore(self, buffered: int) -> None:
+        """Counts `buffered` samples already in the buffer, as after resuming a run: a fresh
+        gate holding them, none in flight."""
+        if self.ahead:
+            raise ValueError(f"restore({buffered}): the gate already counts {self.ahead} samples")
+        if buffered < 0:
+            raise ValueError(f"restore({buffered}): expected buffered >= 0")
+        self._buffered = buffered
+
     def started(self, n: int) -> None:
         """Counts `n` more samples in flight. `admit`/`try_admit` do it for their group; call
         it only for samples started without them."""

@@ -87,8 +87,7 @@ class RLLoop(Run):
         # Buffered episodes count against the admission gate as they did before the stop.
         stats = await self.buffer.stats.call_one()
         self.left_reported = _left_buffer(stats)
-        self.gate.started(stats["size"])
-        await self.gate.finished(stats["size"])
+        self.gate.restore(stats["size"])
 
     async def rollout(self, group: int) -> list[Episode]:
         """One prompt, G samples, scored by the app."""

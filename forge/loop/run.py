@@ -21,13 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
-from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
-
 from forge.actors.generator import Generator
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
-from forge.controller import get_provisioner, init_provisioner, shutdown
+from forge.controller import SupervisionError, get_provisioner, init_provisioner, shutdown
 from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
 from forge.data.episode import Episode
 from forge.loop.config import Resources, RunConfig

@@ -7,6 +7,7 @@ is SDPA, causal: the one backend with a CPU backward; batches are padded, never 
 """
 
 import json
+import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -257,11 +258,14 @@ def _over_chunks(
     """
     hidden = _final_hidden(module, input_ids)[:, :-1]
     targets = input_ids[:, 1:]
-    width = max(1, chunk_tokens // input_ids.shape[0])
+    positions = hidden.shape[1]
+    count = max(1, math.ceil(positions / max(1, chunk_tokens // input_ids.shape[0])))
+    width = math.ceil(positions / count)  # equal chunks: a small last one computes slowly
     weight = _lm_head_weight(module)
 
     def chunk(h: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return per_chunk(nn.functional.linear(h, weight).float() / temperature, *rest)
+        logits = nn.functional.linear(h, weight).float()
+        return per_chunk(logits if temperature == 1.0 else logits / temperature, *rest)
 
     outputs = []
     for start in range(0, hidden.shape[1], width):

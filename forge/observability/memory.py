@@ -6,8 +6,12 @@
 
 On CPU the kernel's high-water mark of the resident set (VmHWM) is reset through
 /proc/self/clear_refs, so each span gets its own peak, not the process's lifetime maximum.
+
+`release_free_heap()` hands the heap's freed pages back to the kernel (glibc's malloc_trim).
 """
 
+import ctypes
+import ctypes.util
 import re
 from pathlib import Path
 
@@ -39,3 +43,21 @@ class PeakMemory:
             return torch.cuda.max_memory_allocated(self.device) / 1e9
         kib = re.search(r"VmHWM:\s+(\d+) kB", _STATUS.read_text())
         return int(kib.group(1)) * 1024 / 1e9
+
+
+def release_free_heap() -> None:
+    """Returns the C heap's free pages to the kernel, in every malloc arena.
+
+    glibc keeps what torch frees (activations, logits, gradients) in per-thread arenas, and a
+    training step's allocations of various sizes leave it fragmented: measured on SmolLM2 with
+    micro-batches, a trainer held 1.9 GB more than it used between steps. One trim per step
+    costs milliseconds plus the page faults of memory touched again (trimming on every free,
+    MALLOC_TRIM_THRESHOLD_=0, made steps ~30% slower). A no-op where libc is not glibc.
+    """
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))

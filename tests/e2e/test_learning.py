@@ -128,8 +128,8 @@ def test_grpo_on_a_batch_of_64_runs_in_bounded_memory(tmp_path):
     with), 5 steps: the trainer takes it 8 sequences at a time (`micro_batch_size`). One pass
     over the 64 sequences was killed by the OOM killer at 13.9 GB before micro-batches.
 
-    Measured: peaks of 4.2, 5.8, 6.1, 6.6, 6.5 GB (step 1 has no previous weights to keep for
-    the exact mismatch KL). The issue's target of 6 GB is not met yet; the bound here is 7.5.
+    Measured: peaks of 3.5, 5.1, 5.2, 5.2, 5.2 GB (from step 2 on, the previous weights are
+    kept for the exact mismatch KL: 0.54 GB). TRL's GRPOTrainer peaks at 6.3 GB on this workload.
     """
     run_dir = tmp_path / "batch64"
     overrides = (
@@ -149,4 +149,4 @@ def test_grpo_on_a_batch_of_64_runs_in_bounded_memory(tmp_path):
     print(f"trainer peak RSS per step (GB): {peaks}")
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
     assert all(len(r["episodes"]) == 64 for r in trained(run_dir))
-    assert max(peaks) < 7.5
+    assert max(peaks) < 6.0

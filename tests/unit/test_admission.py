@@ -28,6 +28,15 @@ async def test_room_comes_back_only_when_samples_are_consumed():
     assert gate.try_admit() and gate.try_admit() and not gate.try_admit()
 
 
+async def test_a_restored_gate_counts_the_buffer_it_resumes_with():
+    gate = AdmissionGate(batch_size=8, max_policy_age=1, group_size=4)
+    gate.restore(12)
+    assert (gate.in_flight, gate.buffered) == (0, 12) and gate.try_admit()
+    assert not gate.try_admit()  # 12 + 4 = 16, the limit
+    with pytest.raises(ValueError, match="already counts 16"):
+        gate.restore(0)
+
+
 async def test_a_dropped_group_frees_its_room():
     gate = AdmissionGate(batch_size=4, max_policy_age=0, group_size=4)
     assert gate.try_admit()

@@ -23,11 +23,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-# Monarch 0.7 raises this when a call's actor or process died; it is exported only here.
-from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import ActorError
 
 from forge.controller.actor import is_retry_safe
+from forge.controller.monarch_compat import SupervisionError
 from forge.controller.provisioner import first_line, get_provisioner
 from forge.controller.service.replica import CallAbandoned, Replica, ReplicaState
 from forge.controller.service.router import ROUTERS
