@@ -2,6 +2,8 @@
 
     forge run APP_PATH [--config FILE] [--verbose] [key=value ...]
     forge clean
+    forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
+               [key=value ...]
 
 `forge run` runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
 `async def`, whose first parameter is annotated with the app's config dataclass. The config is
@@ -12,6 +14,10 @@ but forge's own lines (vLLM, Monarch, torch: this process's and its children's o
 
 `forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
 doing so themselves (killed with SIGKILL); runs do the same when they start.
+
+`forge plan` prints where every proc mesh of the run would go (hosts, GPUs, cores; see
+forge/loop/plan.py), on the config's cluster or the shape given, and refuses an impossible
+config with one line, as `forge run` does before starting anything.
 """
 
 import argparse
@@ -68,7 +74,42 @@ def _parser() -> argparse.ArgumentParser:
         description="Remove every forge folder in /dev/shm whose owner process is dead.",
     )
     clean.set_defaults(command=_clean)
+    _add_plan(commands)
     return parser
+
+
+def _add_plan(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan",
+        usage="forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] "
+        "[--cpus-per-host C] [key=value ...]",
+        help="print where every proc mesh of a run would go, or why it cannot",
+        description="Load the config and place every proc mesh of the run on the cluster "
+        "(the config's provisioner, or the shape the options give) as the run will.",
+        epilog="An impossible placement is one line naming the config keys, exit status 2.",
+    )
+    plan.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
+    plan.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    for flag, what in (("hosts", "hosts"), ("gpus-per-host", "GPUs"), ("cpus-per-host", "cores")):
+        plan.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} (else the config's)")
+    plan.set_defaults(command=_plan)
+
+
+def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge plan`: the placement table of the app's config."""
+    # Imported here: it loads Monarch and torch (seconds), which `forge --help` need not.
+    from forge.loop import RunConfig
+    from forge.loop.plan import ClusterShape, plan_run
+
+    _, schema = load_app(args.app)
+    if not issubclass(schema, RunConfig):
+        _fail(f"error: {args.app}: forge plan needs an app whose config is a RunConfig")
+    cfg = load_config(schema, args.config, overrides)
+    given = {k: getattr(args, k) for k in ("hosts", "gpus_per_host", "cpus_per_host")}
+    shape = dataclasses.replace(
+        ClusterShape.of(cfg.provisioner), **{k: v for k, v in given.items() if v is not None}
+    )
+    print(plan_run(cfg, shape).table())
 
 
 def _clean(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
 from forge.data import Completion, Episode
-from forge.loop import Resources, RLConfig, RLLoop
+from forge.loop import Resources, RLConfig, RLLoop, Role
 from forge.loop.rl import BusyClock
 from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel
@@ -58,6 +58,9 @@ class Config(RLConfig):
             raise ValueError(f"teacher_top_k must be <= {MAX_TOP_K} on the vllm backend")
         if self.teacher_top_k and self.trainer.loss.is_correction != "none":
             raise ValueError(TOP_K_IS_CORRECTION)
+
+    def roles(self) -> list[Role]:
+        return [*super().roles(), Role("teacher", self.teacher_resources, "teacher_resources")]
 
 
 class Distill(RLLoop):

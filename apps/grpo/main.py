@@ -13,7 +13,7 @@ import torch
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.data import Completion, Episode
-from forge.loop import RLConfig, RLLoop
+from forge.loop import Resources, RLConfig, RLLoop, Role
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
 
@@ -27,6 +27,10 @@ class Config(RLConfig):
         super().__post_init__()
         if self.trainer.loss.kl_coef > 0 and self.reference is None:
             raise ValueError("trainer.loss.kl_coef > 0 needs a reference model config")
+
+    def roles(self) -> list[Role]:
+        reference = [Role("reference", Resources())] if self.reference is not None else []
+        return [*super().roles(), *reference]
 
 
 class GRPO(RLLoop):

@@ -1,6 +1,6 @@
 """The loop every app shares: actors, publishing weights, eval, metrics, shutdown."""
 
-from forge.loop.config import EvalConfig, Resources, RLConfig, RunConfig
+from forge.loop.config import EvalConfig, Resources, RLConfig, Role, RunConfig
 from forge.loop.evaluation import Evaluator
 from forge.loop.rl import RLLoop
 from forge.loop.run import Run, TrainerDied
@@ -12,6 +12,7 @@ __all__ = [
     "RLConfig",
     "RLLoop",
     "Resources",
+    "Role",
     "Run",
     "RunConfig",
     "RunFinished",

@@ -24,6 +24,22 @@ class Resources:
     env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Role:
+    """Processes a run spawns for one purpose, for the placement plan: one proc mesh, or one
+    per replica of a service.
+
+    Args:
+        name: what it runs ("generator", "trainer", ...).
+        resources: its processes and devices.
+        key: the config key that sets `resources`; None where the app fixes them.
+    """
+
+    name: str
+    resources: Resources
+    key: str | None = None
+
+
 @dataclass
 class EvalConfig:
     """Held-out evaluation: the generators answer a fixed set of rows greedily.
@@ -79,6 +95,18 @@ class RunConfig:
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)
 
+    def roles(self) -> list[Role]:
+        """The proc meshes the run spawns, in the order the Provisioner places them (the
+        placement plan's order; tests/unit/test_plan.py holds it to Run.start's). An app that
+        spawns more (its `start_services`) adds them after these."""
+        # Run.start spawns these three concurrently: the trainer reaches the Provisioner
+        # first, because a service's replicas start in tasks of their own.
+        return [
+            Role("trainer", self.trainer_resources, "trainer_resources"),
+            Role("generator", self.generator_resources, "generator_resources"),
+            Role("reward", Resources()),
+        ]
+
 
 @dataclass
 class RLConfig(RunConfig):
@@ -101,3 +129,6 @@ class RLConfig(RunConfig):
                 f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "
                 f"{self.group_size}: a batch holds whole groups"
             )
+
+    def roles(self) -> list[Role]:
+        return [*super().roles(), Role("buffer", Resources()), Role("dataset", Resources())]

@@ -29,6 +29,7 @@ from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
 from forge.data.episode import Episode
 from forge.loop.config import Resources, RunConfig
 from forge.loop.evaluation import Evaluator
+from forge.loop.plan import plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.observability import MetricLogger, Reduce, plot_run, record_metric
 from forge.observability.console import say
@@ -68,6 +69,7 @@ class Run:
         Raises RunFinished (before anything starts) if the folder's run took `steps` already.
         """
         cfg = self.cfg
+        plan_run(cfg)  # an impossible placement fails here, before the folder or a process
         resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
         self.folder.rewind(resumed)
         self.started = time.perf_counter()
@@ -92,7 +94,8 @@ class Run:
         self.transport = make_transport(cfg.trainer.transport)
         # Versions an earlier run left behind must not be mistaken for this run's.
         await self.transport.clear()
-        self.world = self.cfg.trainer_resources.procs  # data-parallel ranks (one host)
+        t = cfg.trainer_resources
+        self.world = t.procs * (t.hosts or 1)  # data-parallel ranks
         # The trainer resumed the same checkpoint; the generators start from its weights.
         self.version = await self.call_trainer("get_step")
         if self.version != resumed:
@@ -117,7 +120,11 @@ class Run:
         """The trainer's processes; it loads the newest checkpoint of its folder in setup."""
         t = self.cfg.trainer_resources
         return await TitanTrainer.options(
-            procs=t.procs, with_gpus=t.with_gpus, cpus_per_proc=t.cpus_per_proc, env=t.env
+            procs=t.procs,
+            hosts=t.hosts,
+            with_gpus=t.with_gpus,
+            cpus_per_proc=t.cpus_per_proc,
+            env=t.env,
         ).as_actor(self.cfg.trainer)
 
     async def call_trainer(self, endpoint: str, *args: Any, **kwargs: Any) -> Any:

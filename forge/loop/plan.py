@@ -1,0 +1,290 @@
+"""The placement plan: which hosts, GPUs and cores every proc mesh of a run gets, checked
+before any process starts.
+
+`plan_run(cfg)` takes the app config's roles (`RunConfig.roles()`: trainer, generator replicas,
+reward, and what the app adds) in the order the Provisioner places them, and places each on
+simulated hosts of the cluster's shape with the Provisioner's own `place`, so the plan is what
+the run will get. An impossible config is refused with one line naming the keys at fault.
+`Run.start` calls it first; `forge plan APP --config FILE` prints it as a table.
+"""
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from forge.config import ConfigError
+from forge.controller.placement import HostDevices, Placement, PlacementError, place
+from forge.controller.provisioner import ProvisionerConfig
+from forge.loop.config import Role, RunConfig
+
+# Where a host's GPU count comes from (ClusterShape.of), for error messages.
+GPU_KEYS = "provisioner.gpus_per_host or provisioner.slurm.gpus_per_node"
+
+
+class PlanError(ConfigError):
+    """A config whose resources cannot be placed; the message names the keys at fault."""
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The hosts a run gets, all alike: how many, and the GPUs and cores of each."""
+
+    hosts: int
+    gpus_per_host: int
+    cpus_per_host: int
+
+    @classmethod
+    def of(cls, cfg: ProvisionerConfig) -> "ClusterShape":
+        """The shape the Provisioner sees for `cfg`: its `gpus_per_host` (else SLURM's
+        `gpus_per_node`, else the GPUs torch finds here) and its `cpus_per_host` (else the
+        cores this process may run on, which the Provisioner also takes for every host)."""
+        gpus = cfg.gpus_per_host
+        if gpus is None:
+            gpus = (cfg.slurm.gpus_per_node or 0) if cfg.launcher == "slurm" else _local_gpus()
+        cpus = cfg.cpus_per_host
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0))
+        return cls(cfg.hosts, gpus, cpus)
+
+    def devices(self) -> list[HostDevices]:
+        """Simulated hosts, named and numbered as the Provisioner numbers the real ones."""
+        cpus = tuple(range(self.cpus_per_host))
+        return [HostDevices(f"host{i}", self.gpus_per_host, cpus) for i in range(self.hosts)]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.hosts} host{'s' * (self.hosts != 1)} x "
+            f"{self.gpus_per_host} GPUs, {self.cpus_per_host} cores"
+        )
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One placed proc mesh: a role's replica and the devices it owns."""
+
+    role: Role
+    replica: int
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every proc mesh of a run, in placement order, on a cluster of `shape`."""
+
+    shape: ClusterShape
+    meshes: tuple[Mesh, ...]
+    free: tuple[HostDevices, ...]  # what no mesh reserved
+
+    def of_role(self, name: str) -> list[Placement]:
+        """The placements of role `name`'s replicas."""
+        return [m.placement for m in self.meshes if m.role.name == name]
+
+    def table(self) -> str:
+        """The cluster's shape; one row per role: replicas, hosts, procs per host, GPUs and
+        cores (ids per host, over all replicas; "any": not pinned), processes per replica;
+        then the devices no mesh reserved."""
+        header = ("role", "replicas", "hosts", "procs/host", "GPUs", "cores", "world")
+        roles = dict.fromkeys(m.role.name for m in self.meshes)
+        rows = [header, *(self._row(name) for name in roles)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+        free = (f"{h.name} {len(h.free_gpus)} GPUs/{len(h.free_cpus)} cores" for h in self.free)
+        return "\n".join(
+            [
+                f"cluster: {self.shape}",
+                *(line.rstrip() for line in lines),
+                "not reserved: " + ", ".join(free),
+            ]
+        )
+
+    def _row(self, name: str) -> tuple[str, ...]:
+        meshes = [m for m in self.meshes if m.role.name == name]
+        first = meshes[0].placement
+        hosts = sorted({h for m in meshes for h in m.placement.hosts})
+        cores = "any" if not first.cpus[0] else _per_host(meshes, lambda p: p.cpus)
+        return (
+            name,
+            str(len(meshes)),
+            _ranges(hosts),
+            str(first.procs_per_host),
+            _per_host(meshes, lambda p: p.gpus) if first.gpus[0] else "-",
+            cores,
+            str(first.world_size),
+        )
+
+
+def plan_run(cfg: RunConfig, shape: ClusterShape | None = None) -> Plan:
+    """Places every role of `cfg` on a cluster of `shape` (default: `ClusterShape.of` the
+    config's provisioner) as the Provisioner will, after checking that they fit together.
+
+    Raises:
+        PlanError: one line naming the config keys at fault.
+    """
+    shape = shape or ClusterShape.of(cfg.provisioner)
+    roles = cfg.roles()
+    for role in roles:
+        _check_role(role, shape)
+    _check_trainer(cfg)
+    _check_totals(roles, shape)
+    hosts = shape.devices()
+    meshes = _place_all(roles, hosts)
+    _check_shm_hosts(cfg, meshes)
+    return Plan(shape, tuple(meshes), tuple(hosts))
+
+
+def _check_role(role: Role, shape: ClusterShape) -> None:
+    """One mesh of `role` alone: counts that make sense, and a host that can hold it."""
+    r, key = role.resources, _key(role)
+    hosts = 1 if r.hosts is None else r.hosts
+    for name, value, least in (
+        ("procs", r.procs, 1),
+        ("num_replicas", r.num_replicas, 1),
+        ("hosts", hosts, 1),
+        ("cpus_per_proc", r.cpus_per_proc, 0),
+    ):
+        if value < least:
+            raise PlanError(f"{key}.{name} must be >= {least}, got {value}")
+    if hosts > shape.hosts:
+        raise PlanError(
+            f"{key}.hosts {hosts} > provisioner.hosts {shape.hosts}: the mesh would span more "
+            "hosts than the cluster has"
+        )
+    if r.with_gpus and not shape.gpus_per_host:
+        raise PlanError(
+            f"{key}.with_gpus is true, but the cluster's hosts have no GPUs "
+            f"({GPU_KEYS}, or none found here)"
+        )
+    if r.with_gpus and r.procs > shape.gpus_per_host:
+        raise PlanError(
+            f"{key}.procs {r.procs} (one GPU each) > {shape.gpus_per_host} GPUs per host "
+            f"({GPU_KEYS}): spread it with {key}.hosts"
+        )
+    if r.procs * r.cpus_per_proc > shape.cpus_per_host:
+        raise PlanError(
+            f"{key}.procs {r.procs} x {key}.cpus_per_proc {r.cpus_per_proc} cores > "
+            f"{shape.cpus_per_host} cores per host (provisioner.cpus_per_host)"
+        )
+
+
+def _check_trainer(cfg: RunConfig) -> None:
+    """One trainer whose ranks match the data split, its parallelism and its transport."""
+    t = cfg.trainer_resources
+    hosts = t.hosts or 1
+    world = t.procs * hosts
+    ranks = f"trainer_resources.procs {t.procs} x trainer_resources.hosts {hosts} = {world}"
+    if t.num_replicas != 1:
+        raise PlanError(
+            f"trainer_resources.num_replicas must be 1 (one trainer: scale it with procs and "
+            f"hosts), got {t.num_replicas}"
+        )
+    buffer = getattr(cfg, "buffer", None)  # RL apps: the replay buffer deals one list per rank
+    if buffer is not None and buffer.dp_size != world:
+        raise PlanError(f"buffer.dp_size {buffer.dp_size} != {ranks} trainer ranks")
+    if world % cfg.trainer.tensor_parallel:
+        raise PlanError(
+            f"trainer.tensor_parallel {cfg.trainer.tensor_parallel} does not divide {ranks} ranks"
+        )
+    g, tr = cfg.generator.transport, cfg.trainer.transport
+    if (g.kind, g.path) != (tr.kind, tr.path):
+        raise PlanError(
+            f"generator.transport ({g.kind}, {g.path}) != trainer.transport ({tr.kind}, "
+            f"{tr.path}): the generators would not find the trainer's weights"
+        )
+    if tr.kind == "shm" and hosts > 1:
+        raise PlanError(
+            f"trainer.transport.kind 'shm' is same-host only, but trainer_resources.hosts is "
+            f"{hosts}: use torchstore"
+        )
+
+
+def _check_totals(roles: list[Role], shape: ClusterShape) -> None:
+    """All meshes together against the whole cluster: GPUs, then reserved cores."""
+    for unit, per_host, need in (
+        ("GPUs", shape.gpus_per_host, lambda r: r.procs * r.with_gpus),
+        ("cores", shape.cpus_per_host, lambda r: r.procs * r.cpus_per_proc),
+    ):
+        asks = {
+            _key(role): need(role.resources)
+            * (role.resources.hosts or 1)
+            * role.resources.num_replicas
+            for role in roles
+        }
+        asks = {k: n for k, n in asks.items() if n}
+        total = per_host * shape.hosts
+        if sum(asks.values()) > total:
+            parts = " + ".join(f"{k} {n}" for k, n in asks.items())
+            raise PlanError(
+                f"{parts} = {sum(asks.values())} {unit} > the cluster's {total} "
+                f"({shape.hosts} hosts x {per_host}; provisioner.hosts): the meshes would overlap"
+            )
+
+
+def _place_all(roles: list[Role], hosts: list[HostDevices]) -> list[Mesh]:
+    """Every replica of every role, placed in order on `hosts` as the Provisioner does."""
+    meshes: list[Mesh] = []
+    for role in roles:
+        r = role.resources
+        for replica in range(r.num_replicas):
+            try:
+                placement = place(
+                    hosts,
+                    num_hosts=r.hosts or 1,
+                    procs_per_host=r.procs,
+                    gpus_per_proc=1 if r.with_gpus else 0,
+                    cpus_per_proc=r.cpus_per_proc,
+                )
+            except PlacementError as e:
+                before = ", ".join(dict.fromkeys(_key(m.role) for m in meshes))
+                raise PlanError(
+                    f"{_key(role)}: replica {replica} does not fit on "
+                    f"{r.hosts or 1} adjacent host(s) after {before or 'nothing'}: {e}"
+                ) from None
+            meshes.append(Mesh(role, replica, placement))
+    return meshes
+
+
+def _check_shm_hosts(cfg: RunConfig, meshes: list[Mesh]) -> None:
+    """With shared memory, every generator must sit on the trainer's host."""
+    if cfg.generator.transport.kind != "shm":
+        return
+    trainer = next(m.placement.hosts for m in meshes if m.role.name == "trainer")
+    for m in meshes:
+        if m.role.name == "generator" and not set(m.placement.hosts) <= set(trainer):
+            raise PlanError(
+                f"generator.transport.kind 'shm' is same-host only, but generator replica "
+                f"{m.replica} lands on host{m.placement.hosts[0]} and the trainer on "
+                f"host{trainer[0]} (generator_resources, trainer_resources): use torchstore"
+            )
+
+
+def _key(role: Role) -> str:
+    """What errors call a role: its config key, or its name where the app fixes it."""
+    return role.key or role.name
+
+
+def _per_host(
+    meshes: Iterable[Mesh], ids: Callable[[Placement], tuple[tuple[int, ...], ...]]
+) -> str:
+    """`host0: 0-3, host1: 0-7`: the device ids the meshes own, per host."""
+    owned: dict[int, set[int]] = {}
+    for m in meshes:
+        for host, got in zip(m.placement.hosts, ids(m.placement), strict=True):
+            owned.setdefault(host, set()).update(got)
+    return ", ".join(f"host{h}: {_ranges(sorted(owned[h]))}" for h in sorted(owned))
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,334 @@
+"""The placement plan (forge/loop/plan.py): every shipped config fits the cluster it is written
+for, each kind of impossible resource config is one line naming its keys, and the plan is what
+Run.start gets from the Provisioner (its spawning run against hosts that start no process)."""
+
+import asyncio
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import forge.controller.provisioner as provisioner
+import forge.loop.run as run_module
+from forge.cli import load_app, main
+from forge.config import ConfigError, load_config
+from forge.loop.plan import ClusterShape, PlanError, plan_run
+
+ROOT = Path(__file__).parents[2]
+APPS = {"grpo": "grpo", "distillation": "distillation", "sft": "sft"}  # config folder -> app
+CONFIGS = sorted((ROOT / "configs").glob("*/*.yaml"))
+CPU_HOST = ClusterShape(hosts=1, gpus_per_host=0, cpus_per_host=2)  # the CPU configs' machine
+# The machine each shipped config says it is written for (its header comment).
+SHAPES = {
+    "qwen3_gpu": ClusterShape(hosts=1, gpus_per_host=8, cpus_per_host=64),
+    "qwen3_slurm": ClusterShape(hosts=4, gpus_per_host=8, cpus_per_host=64),
+}
+
+
+def config(name: str, *overrides: str):
+    """configs/<name>.yaml loaded onto its app's dataclass, with `overrides`."""
+    path = ROOT / "configs" / f"{name}.yaml"
+    schema = load_app(ROOT / "apps" / APPS[path.parent.name] / "main.py")[1]
+    return load_config(schema, path, list(overrides))
+
+
+def test_every_shipped_config_has_a_shape():
+    assert {p.stem for p in CONFIGS if "cpu" not in p.stem} == set(SHAPES)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])
+def test_every_shipped_config_fits_its_cluster(path):
+    cfg = config(f"{path.parent.name}/{path.stem}")
+    plan = plan_run(cfg, SHAPES.get(path.stem, CPU_HOST))
+    roles = [m.role.name for m in plan.meshes]
+    assert roles[:2] == ["trainer", "generator"]
+    assert len(plan.of_role("generator")) == cfg.generator_resources.num_replicas
+    if path.parent.name != "sft":
+        assert plan.of_role("trainer")[0].world_size == cfg.buffer.dp_size
+
+
+def test_the_slurm_config_puts_the_trainer_on_two_nodes_and_generators_on_the_others():
+    plan = plan_run(config("grpo/qwen3_slurm"), SHAPES["qwen3_slurm"])
+    [trainer] = plan.of_role("trainer")
+    assert (trainer.hosts, trainer.world_size) == ((0, 1), 16)
+    assert trainer.gpus == (tuple(range(8)), tuple(range(8)))
+    generators = plan.of_role("generator")
+    assert sorted((g.hosts[0], g.gpus[0]) for g in generators) == [
+        (h, (i,)) for h in (2, 3) for i in range(8)
+    ]
+    assert all(len(h.free_gpus) == 0 for h in plan.free)
+
+
+def test_the_cpu_config_pins_trainer_and_generator_to_a_core_each():
+    plan = plan_run(config("grpo/smollm2_cpu"), CPU_HOST)
+    assert [p.cpus for p in plan.of_role("trainer") + plan.of_role("generator")] == [
+        ((0,),),
+        ((1,),),
+    ]
+    assert plan.of_role("reward")[0].cpus == ((),)  # unpinned: any core
+
+
+IMPOSSIBLE = [
+    # (config, overrides, shape, the one line it gives)
+    ("grpo/smollm2_cpu", ["trainer_resources.procs=0"], CPU_HOST,
+     "trainer_resources.procs must be >= 1, got 0"),
+    ("grpo/qwen3_gpu", ["generator_resources.num_replicas=0"], SHAPES["qwen3_gpu"],
+     "generator_resources.num_replicas must be >= 1, got 0"),
+    ("distillation/tiny_cpu", ["teacher_resources.hosts=0"], CPU_HOST,
+     "teacher_resources.hosts must be >= 1, got 0"),
+    ("grpo/smollm2_cpu", ["trainer_resources.num_replicas=2"], CPU_HOST,
+     r"trainer_resources.num_replicas must be 1 \(one trainer"),
+    ("grpo/qwen3_slurm", ["trainer_resources.hosts=null"], SHAPES["qwen3_slurm"],
+     "buffer.dp_size 16 != trainer_resources.procs 8 x trainer_resources.hosts 1 = 8 trainer"),
+    ("grpo/qwen3_gpu", ["trainer_resources.procs=16", "buffer.dp_size=16"], SHAPES["qwen3_gpu"],
+     r"trainer_resources.procs 16 \(one GPU each\) > 8 GPUs per host \(provisioner.gpus_per_host"),
+    ("grpo/qwen3_slurm", ["trainer_resources.hosts=5"], SHAPES["qwen3_slurm"],
+     "trainer_resources.hosts 5 > provisioner.hosts 4: the mesh would span more hosts"),
+    ("grpo/qwen3_slurm", ["generator_resources.num_replicas=17"], SHAPES["qwen3_slurm"],
+     "trainer_resources 16 \\+ generator_resources 17 = 33 GPUs > the cluster's 32"),
+    ("grpo/smollm2_cpu", ["generator_resources.cpus_per_proc=2"], CPU_HOST,
+     r"trainer_resources 1 \+ generator_resources 2 = 3 cores > the cluster's 2"),
+    ("grpo/qwen3_slurm",
+     ["provisioner.hosts=2", "trainer_resources.hosts=1", "trainer_resources.procs=6",
+      "buffer.dp_size=6", "buffer.batch_size=48", "generator_resources.procs=3",
+      "generator_resources.num_replicas=3"],
+     ClusterShape(hosts=2, gpus_per_host=8, cpus_per_host=64),
+     "generator_resources: replica 2 does not fit on 1 adjacent host.s. after trainer_resources"),
+    ("grpo/smollm2_cpu", ["generator_resources.with_gpus=true"], CPU_HOST,
+     "generator_resources.with_gpus is true, but the cluster's hosts have no GPUs"),
+    ("sft/smollm2_cpu", ["trainer_resources.cpus_per_proc=3"], CPU_HOST,
+     "trainer_resources.procs 1 x trainer_resources.cpus_per_proc 3 cores > 2 cores per host"),
+    ("grpo/qwen3_slurm", ["generator.transport.kind=shm"], SHAPES["qwen3_slurm"],
+     "trainer.transport.kind 'shm' is same-host only, but trainer_resources.hosts is 2"),
+    ("grpo/qwen3_slurm",
+     ["generator.transport.kind=shm", "trainer_resources.hosts=1", "buffer.dp_size=8"],
+     SHAPES["qwen3_slurm"],
+     "generator.transport.kind 'shm' is same-host only, but generator replica 0 lands on host1"),
+    ("grpo/smollm2_cpu", ["trainer.transport.kind=torchstore"], CPU_HOST,
+     r"generator.transport \(shm, None\) != trainer.transport \(torchstore, None\)"),
+    ("grpo/qwen3_slurm", ["trainer.tensor_parallel=3"], SHAPES["qwen3_slurm"],
+     "trainer.tensor_parallel 3 does not divide trainer_resources.procs 8 x "
+     "trainer_resources.hosts 2 = 16 ranks"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "overrides", "shape", "error"), IMPOSSIBLE)
+def test_an_impossible_config_is_one_line_naming_its_keys(name, overrides, shape, error):
+    cfg = config(name, *overrides)  # loads: each field alone is fine
+    with pytest.raises(PlanError, match=error) as caught:
+        plan_run(cfg, shape)
+    assert isinstance(caught.value, ConfigError) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["provisioner.hosts=2"], "launcher 'local' has exactly one host, got hosts=2"),
+        (["buffer.batch_size=24", "buffer.dp_size=5"], "multiple of dp_size 5, got 24"),
+    ],
+)
+def test_the_loader_refuses_what_a_field_alone_cannot_hold(overrides, error):
+    with pytest.raises(ConfigError, match=error):
+        config("grpo/smollm2_cpu", *overrides)
+
+
+def test_the_shape_of_a_config_is_the_provisioners():
+    cfg = config("grpo/qwen3_slurm", "provisioner.cpus_per_host=64")
+    assert ClusterShape.of(cfg.provisioner) == ClusterShape(4, 8, 64)
+    cfg = config("grpo/qwen3_slurm", "provisioner.slurm.gpus_per_node=null")
+    assert ClusterShape.of(cfg.provisioner).gpus_per_host == 0
+    with pytest.raises(PlanError, match="trainer_resources.with_gpus is true"):
+        plan_run(cfg)
+
+
+# --- the plan is what Run.start gets ----------------------------------------------------------
+
+
+class _Endpoint:
+    async def call(self, *args, **kwargs):
+        return _Value()
+
+    async def call_one(self, *args, **kwargs):
+        return "localhost", 29500  # what the Provisioner's host probe asks for
+
+    choose = call_one
+
+
+class _Value(dict):
+    """A value mesh of the trainer's ranks, all at step 0 (get_step: a fresh run)."""
+
+    def __init__(self):
+        super().__init__(rank0=0)
+
+    def item(self, **point):
+        return 0
+
+
+class _Actor:
+    def __getattr__(self, endpoint):
+        return _Endpoint()
+
+
+class _Mesh:
+    _logging_manager = SimpleNamespace(_logging_mesh_client=None)  # stop_proc_mesh reads it
+
+    @property
+    def initialized(self):
+        return asyncio.sleep(0)
+
+    def spawn(self, *args, **kwargs):
+        return _Actor()
+
+    async def stop(self):
+        pass
+
+
+class _Hosts:
+    """Hosts that start no process: each mesh's name and the placement its procs would get."""
+
+    def __init__(self):
+        self.spawned: list[tuple[str, object]] = []
+        self.state = lambda cached_path: self  # as a monarch job
+        self.hosts = self
+
+    def slice(self, hosts):
+        return self
+
+    def spawn_procs(self, per_host, name, bootstrap_command=None):
+        if bootstrap_command is not None:  # the host probe's mesh has no placement
+            bootstrap_command(_Point())
+            self.spawned.append((name, _Point.placement))
+        return _Mesh()
+
+    def kill(self):
+        pass
+
+
+class _Point:
+    rank = 0
+    placement = None
+
+
+class _Stop(Exception):
+    """Raised once every mesh is spawned and the trainer asked for its world."""
+
+
+def _record(placement, rank, *, gpu_host):
+    _Point.placement = placement
+    return {}
+
+
+ACTOR = {  # the actor class each role's mesh runs
+    "trainer": "TitanTrainer",
+    "generator": "Generator",
+    "reward": "RewardActor",
+    "buffer": "ReplayBuffer",
+    "dataset": "DatasetActor",
+    "reference": "ReferenceModel",
+    "teacher": "ReferenceModel",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("grpo/smollm2_cpu", ["provisioner.cpus_per_host=2"]),
+        ("grpo/qwen3_slurm", ["provisioner.cpus_per_host=64"]),
+        ("sft/tiny_cpu", ["provisioner.cpus_per_host=2"]),
+        (
+            "distillation/tiny_cpu",
+            [
+                "provisioner={launcher: process, hosts: 2, cpus_per_host: 2}",
+                "generator.transport={kind: torchstore}",
+                "trainer_resources.cpus_per_proc=2",
+                "generator_resources={num_replicas: 2, cpus_per_proc: 1}",
+                "teacher_resources.num_replicas=2",
+            ],
+        ),
+        ("grpo/tiny_cpu", ["reference={model: tiny-llama}", "provisioner.cpus_per_host=2"]),
+    ],
+)
+def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatch):
+    cfg = config(name, f"run_dir={tmp_path / 'run'}", *overrides)
+    hosts = _Hosts()
+    monkeypatch.setattr(provisioner, "this_host", lambda: hosts)
+    monkeypatch.setattr(provisioner.Provisioner, "_make_job", lambda self: hosts)
+    monkeypatch.setattr(provisioner, "in_allocation", lambda: False, raising=False)
+    monkeypatch.setattr(provisioner, "proc_env", _record)
+    monkeypatch.setattr(run_module.MetricLogger, "from_config", _stop)
+    monkeypatch.setattr(run_module, "make_transport", lambda cfg: _Transport())
+    if cfg.trainer.transport.kind == "torchstore":
+        from forge.weights import torchstore_compat
+
+        monkeypatch.setattr(torchstore_compat, "initialize", _nothing)
+    app = sys.modules["forge_app"]  # `config` imported the app file
+    run = next(v for k, v in vars(app).items() if k in {"GRPO", "SFT", "Distill"})(cfg)
+    plan = plan_run(cfg)
+
+    async def start():
+        try:
+            with pytest.raises(_Stop):
+                await run.start()
+        finally:
+            await run.close()
+
+    asyncio.run(start())
+
+    def where(p):
+        return p.hosts, p.gpus, p.cpus
+
+    assert sorted((n, where(p)) for n, p in hosts.spawned) == sorted(
+        (ACTOR[m.role.name], where(m.placement)) for m in plan.meshes
+    )
+    t = cfg.trainer_resources
+    assert run.world == t.procs * (t.hosts or 1)
+
+
+class _Transport:
+    async def clear(self):
+        pass
+
+
+async def _nothing():
+    pass
+
+
+def _stop(*args, **kwargs):
+    raise _Stop
+
+
+# --- forge plan -------------------------------------------------------------------------------
+
+
+GRPO = str(ROOT / "apps/grpo/main.py")
+
+
+def test_forge_plan_prints_the_table(capsys):
+    main(
+        [
+            "plan",
+            GRPO,
+            "--config",
+            str(ROOT / "configs/grpo/qwen3_slurm.yaml"),
+            "--cpus-per-host=64",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "cluster: 4 hosts x 8 GPUs, 64 cores"
+    assert out[1].split() == ["role", "replicas", "hosts", "procs/host", "GPUs", "cores", "world"]
+    trainer = ["trainer", "1", "0-1", "8", "host0:", "0-7,", "host1:", "0-7", "any", "16"]
+    assert out[2].split() == trainer
+    assert out[3].split()[:3] == ["generator", "16", "2-3"]
+
+
+def test_forge_plan_refuses_an_impossible_config_with_one_line(capsys):
+    cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
+    shape = ["--hosts=1", "--gpus-per-host=0", "--cpus-per-host=2"]
+    with pytest.raises(SystemExit) as exit:
+        main(["plan", GRPO, "--config", cpu, *shape, "trainer_resources.cpus_per_proc=2"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        "forge: config error: trainer_resources 2 + generator_resources 1 = 3 cores > the "
+        "cluster's 2 (1 hosts x 2; provisioner.hosts): the meshes would overlap\n"
+    )
