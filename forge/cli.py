@@ -1,6 +1,8 @@
 """The `forge` command line (also `python -m forge`).
 
     forge run APP_PATH [--config FILE] [--verbose] [key=value ...]
+    forge submit APP_PATH [--config FILE] [--partition P] [--nodes N] [--time T] [--account A]
+                 [--qos Q] [--dry-run] [key=value ...]
     forge clean
     forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
                [key=value ...]
@@ -11,6 +13,10 @@ loaded from FILE and the overrides (see forge.config) before main is called, so 
 fails with one line before any process starts. When the config has a `run_dir`, everything
 but forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
 <run_dir>/forge.log unless `--verbose`.
+
+`forge submit` runs the same `forge run` command as one SLURM batch job, the driver inside the
+allocation (forge/controller/submit.py); it prints the job id, the run folder and the log.
+Submitting the same command again resumes the run; `scancel JOB` stops all of it.
 
 `forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
 doing so themselves (killed with SIGKILL); runs do the same when they start.
@@ -68,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         help="show every library's output here too, instead of only in <run_dir>/forge.log",
     )
     run.set_defaults(command=_run)
+    _add_submit(commands)
     clean = commands.add_parser(
         "clean",
         help="remove the shared memory that dead forge processes left",
@@ -76,6 +83,76 @@ def _parser() -> argparse.ArgumentParser:
     clean.set_defaults(command=_clean)
     _add_plan(commands)
     return parser
+
+
+def _add_submit(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit",
+        usage="forge submit APP_PATH [--config FILE] [--partition P] [--nodes N] [--time T] "
+        "[--account A] [--qos Q] [--dry-run] [key=value ...]",
+        help="run an app as one SLURM batch job",
+        description="Submit `forge run APP_PATH ...` as one SLURM batch job whose driver runs "
+        "inside the allocation. Options default to the config's provisioner.slurm.",
+        epilog="The same command again resumes the run; scancel JOB stops every process of it.",
+    )
+    submit.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
+    submit.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    for option in ("partition", "time", "account", "qos"):
+        submit.add_argument(f"--{option}", help=f"sbatch --{option} (provisioner.slurm.{option})")
+    submit.add_argument(
+        "--nodes", type=int, help="nodes to allocate (slurm launcher: sets provisioner.hosts)"
+    )
+    submit.add_argument(
+        "--dry-run", action="store_true", help="print the batch script and the plan; submit nothing"
+    )
+    submit.set_defaults(command=_submit)
+
+
+def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge submit`: check the config and its placement here, then sbatch the run."""
+    # Imported here: they load Monarch and torch (seconds), which `forge --help` need not.
+    from forge.controller.submit import SubmitError, batch_script, submit
+    from forge.loop import RunConfig
+    from forge.loop.plan import plan_run
+
+    _, schema = load_app(args.app)
+    if not issubclass(schema, RunConfig):
+        _fail(f"error: {args.app}: forge submit needs an app whose config is a RunConfig")
+    cfg = load_config(schema, args.config, overrides)
+    if args.nodes is not None and args.nodes != _nodes(cfg.provisioner):
+        if cfg.provisioner.launcher != "slurm":
+            raise ConfigError(
+                f"--nodes {args.nodes}: provisioner.launcher={cfg.provisioner.launcher} runs on "
+                "one node; set provisioner.launcher=slurm to spread a run over several"
+            )
+        overrides = [*overrides, f"provisioner.hosts={args.nodes}"]  # the job's command too
+        cfg = load_config(schema, args.config, overrides)
+    plan = plan_run(cfg)  # an impossible placement fails here, not in the queue
+    flags = {k: getattr(args, k) for k in ("partition", "time", "account", "qos")}
+    slurm = dataclasses.replace(
+        cfg.provisioner.slurm, **{k: v for k, v in flags.items() if v is not None}
+    )
+    run_dir = Path(cfg.run_dir).resolve()
+    log = run_dir / "slurm-%j.out"
+    command = [slurm.python_exe or sys.executable, "-m", "forge", "run", str(args.app)]
+    command += [*(["--config", str(args.config)] if args.config else []), *overrides]
+    try:
+        script = batch_script(
+            command, slurm, nodes=_nodes(cfg.provisioner), log=log, workdir=Path.cwd()
+        )
+        if args.dry_run:
+            print(f"{script}\n{plan.table()}")
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the log before the job runs
+        job = submit(script)
+    except SubmitError as e:
+        _fail(f"submit: {e}")
+    print(f"job: {job}\nrun folder: {run_dir}\nlog: {str(log).replace('%j', job)}")
+
+
+def _nodes(provisioner: Any) -> int:
+    """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
+    return provisioner.hosts if provisioner.launcher == "slurm" else 1
 
 
 def _add_plan(commands: Any) -> None:

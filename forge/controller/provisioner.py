@@ -2,7 +2,8 @@
 
 Three launchers give it hosts: `local` (this machine, `this_host()`), `process` (several
 hosts emulated on this machine by `monarch.job.ProcessJob`, for multi-host tests) and `slurm`
-(`monarch.job.SlurmJob`). Each proc mesh gets its own devices (see `placement.py`).
+(`monarch.job.SlurmJob`; inside a job that `forge submit` started, the nodes of that job, see
+`submit.py`). Each proc mesh gets its own devices (see `placement.py`).
 """
 
 import asyncio
@@ -19,6 +20,7 @@ from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endp
 from forge.controller.monarch_compat import stop_proc_mesh
 from forge.controller.placement import HostDevices, Placement, place, proc_env, release
 from forge.controller.slurm_compat import patch_slurm_job
+from forge.controller.submit import AllocationWorkers, in_allocation
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +144,13 @@ class Provisioner:
 
     def _start_hosts(self) -> None:
         cfg = self.cfg
+        names = [f"host{i}" for i in range(cfg.hosts)]
         if cfg.launcher == "local":
             self._host_mesh = this_host()
+        elif cfg.launcher == "slurm" and in_allocation():
+            python = cfg.slurm.python_exe or sys.executable
+            self._job = AllocationWorkers(cfg.hosts, cfg.slurm.port, python)
+            self._host_mesh, names = self._job.hosts, self._job.nodes
         else:
             self._job = self._make_job()
             self._host_mesh = self._job.state(cached_path=None).hosts
@@ -153,7 +160,7 @@ class Provisioner:
         cpus = tuple(sorted(os.sched_getaffinity(0)))
         if cfg.cpus_per_host is not None:
             cpus = tuple(range(cfg.cpus_per_host))
-        self._devices = [HostDevices(f"host{i}", gpus or 0, cpus) for i in range(cfg.hosts)]
+        self._devices = [HostDevices(name, gpus or 0, cpus) for name in names]
 
     def _make_job(self) -> Any:
         from monarch.job import ProcessJob, SlurmJob
@@ -284,6 +291,13 @@ class Provisioner:
     def disown(self, thing: Stoppable) -> None:
         if thing in self._owned:
             self._owned.remove(thing)
+
+    def placements(self) -> list[tuple[str, list[str]]]:
+        """Each running proc mesh's name and the names of the hosts it runs on (`host0`, ...;
+        SLURM node names inside a `forge submit` job), in start order."""
+        return [
+            (name, [self._devices[h].name for h in p.hosts]) for _, p, name in self._meshes.values()
+        ]
 
     @property
     def num_procs(self) -> int:

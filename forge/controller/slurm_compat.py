@@ -23,11 +23,19 @@ logger = logging.getLogger(__name__)
 def patch_slurm_job(job: Any) -> Any:
     """Applies both fixes to one `SlurmJob` (and, for the second, to this process)."""
     job._get_job_info_json = _squeue_job
-    if not _hostname_routable():
-        # No other machine could reach this one by that name anyway: the nodes must be this one.
-        logger.warning("%s resolves only to loopback: listening on localhost", socket.gethostname())
-        configure(default_transport=ChannelTransport.TcpWithLocalhost)
+    configure_transport()
     return job
+
+
+def configure_transport() -> None:
+    """Makes this process listen where SLURM nodes can reach it: on its hostname's address, as
+    monarch's SlurmJob does, or on localhost when that name resolves only to loopback."""
+    if _hostname_routable():
+        configure(default_transport=ChannelTransport.TcpWithHostname)
+        return
+    # No other machine could reach this one by that name anyway: the nodes must be this one.
+    logger.warning("%s resolves only to loopback: listening on localhost", socket.gethostname())
+    configure(default_transport=ChannelTransport.TcpWithLocalhost)
 
 
 def _hostname_routable() -> bool:

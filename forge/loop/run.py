@@ -91,6 +91,9 @@ class Run:
         # A respawned generator replica catches up to the newest weights before taking traffic.
         self.generator.on_recover = lambda actor: actor.load_latest.call()
         sources = [self.generator, self.trainer, self.reward, *await self.start_services()]
+        # Which hosts each role's processes landed on, for the user (and tests) to check.
+        placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
+        (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
         self.transport = make_transport(cfg.trainer.transport)
         # Versions an earlier run left behind must not be mistaken for this run's.
         await self.transport.clear()
@@ -134,7 +137,9 @@ class Run:
             TrainerDied: a trainer process died (`restart_trainer` brings it back).
         """
         try:
-            return (await getattr(self.trainer, endpoint).call(*args, **kwargs)).item(procs=0)
+            values = await getattr(self.trainer, endpoint).call(*args, **kwargs)
+            # In rank order; not .item(procs=0): meshes on a launcher's hosts also have "hosts".
+            return next(iter(values.values()))
         except SupervisionError as e:  # Monarch's account of it stays attached as the cause
             raise TrainerDied(f"a trainer process died during {endpoint}") from e
 

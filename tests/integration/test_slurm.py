@@ -1,24 +1,35 @@
-"""The slurm launcher against a real SLURM cluster (`.ci/slurm.sh` starts one on this machine).
+"""The slurm launcher and `forge submit` against a real SLURM cluster (`.ci/slurm.sh` starts
+one on this machine): actors in a job the driver asked for (interactive), and whole tiny GRPO
+runs submitted as batch jobs, finished, cancelled and resubmitted.
 
 Tests that need SLURM are skipped where no SLURM node is idle, so machines without it still pass.
+They all live in this file so that they run one after another (`--dist loadfile`): each job
+takes the whole node (`--exclusive`).
 """
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import cloudpickle
 import psutil
 import pytest
 from helper_actors import Echo
+from helper_runs import ROOT, metrics, trained
 from monarch.actor import endpoint
 
+from forge.actors.checkpointing import latest_step
 from forge.controller import ProvisionerConfig, SlurmConfig, init_provisioner, shutdown
 
 PARTITION = "debug"
+TINY = "configs/grpo/tiny_cpu.yaml"
 
 
 def _no_slurm_reason() -> str | None:
@@ -125,3 +136,185 @@ async def test_two_replica_service_on_the_slurm_host(slurm_config):
     assert {pid for pid, _ in results} == set(pids)
     assert sorted(x for _, x in results) == list(range(8))
     await _gone(job_ids[0])
+
+
+# --- forge submit: the run as one batch job ---------------------------------------------------
+
+
+def submit_grpo(run_dir: Path, port: int, *args: str) -> subprocess.CompletedProcess:
+    """`forge submit` of the tiny GRPO config, its workers started on the job's node (the
+    slurm launcher inside the job); checkpoints in the run folder. The same arguments make
+    the same command: the resubmission of a run."""
+    cmd = [sys.executable, "-m", "forge", "submit", "apps/grpo/main.py", "--config", TINY]
+    cmd += ["--partition", PARTITION, "--time", "00:10:00", f"run_dir={run_dir}"]
+    cmd += ["provisioner.launcher=slurm", f"provisioner.slurm.port={port}"]
+    cmd += ["reward.functions=[helper_rewards:vowel_fraction]"]
+    cmd += [f"trainer.checkpoint.folder={run_dir / 'checkpoints'}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def submitted(out: subprocess.CompletedProcess, run_dir: Path) -> tuple[str, Path]:
+    """The job id and log path `forge submit` printed (and that it named the run folder)."""
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert said["run folder"] == str(run_dir)
+    return said["job"], Path(said["log"])
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """The job's state and exit code as `scontrol` reports them (COMPLETED, 0:0)."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
+    fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+    return fields.get("JobState", "GONE"), fields.get("ExitCode", "")
+
+
+def wait_until(condition, what: str, log: Path, timeout: float = 300) -> None:
+    """Polls `condition` until true; fails with the end of the job's log after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s\n{_tail(log)}")
+        time.sleep(0.5)
+
+
+def wait_job_done(job_id: str, log: Path, timeout: float = 300) -> None:
+    """Until the job has ended, left squeue, and none of its processes remain; it must have
+    exited 0."""
+    ended = lambda: job_state(job_id)[0] not in ("PENDING", "RUNNING")  # noqa: E731
+    wait_until(ended, "job end", log, timeout)
+    state, code = job_state(job_id)
+    assert (state, code) == ("COMPLETED", "0:0"), f"{state} {code}\n{_tail(log)}"
+    wait_until(lambda: job_id not in active_jobs() and not job_processes(job_id), "gone", log, 60)
+
+
+def _in_a_step(pid: int) -> bool:
+    try:
+        return any(p.name() == "slurmstepd" for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return True  # ended meanwhile: nothing left outside the job
+
+
+def _node() -> str:
+    out = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-o", "%n"], capture_output=True)
+    return out.stdout.decode().split()[0]
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:] if log.exists() else f"(no log at {log})"
+
+
+def _steps_logged(run_dir: Path) -> int:
+    log = run_dir / "metrics.jsonl"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+@needs_slurm
+def test_a_submitted_run_reaches_its_last_step_and_leaves_nothing_behind(tmp_path):
+    run_dir, port = tmp_path / "run", free_port()
+    job, log = submitted(submit_grpo(run_dir, port, "steps=3"), run_dir)
+    try:
+        assert log == run_dir / f"slurm-{job}.out"
+        wait_job_done(job, log)
+    finally:
+        subprocess.run(["scancel", job])
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
+    assert (run_dir / "hf" / "model.safetensors").exists()
+    assert latest_step(run_dir / "checkpoints") == 3
+    assert f"metrics: {run_dir / 'metrics.jsonl'}" in log.read_text()
+    # Every proc mesh ran on the job's node, through the workers the driver started there.
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert {h for mesh in placement for h in mesh["hosts"]} == {_node()}
+
+    # Submitted again, the finished run says so and its job ends at once, exit 0.
+    again, log = submitted(submit_grpo(run_dir, port, "steps=3"), run_dir)
+    try:
+        wait_job_done(again, log, timeout=60)
+    finally:
+        subprocess.run(["scancel", again])
+    assert "is finished: 3 of 3 steps taken" in log.read_text()
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
+
+
+@needs_slurm
+def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint(tmp_path):
+    run_dir, port, steps = tmp_path / "run", free_port(), 6
+    args = (f"steps={steps}", "trainer.checkpoint.interval=2", "export_hf=false")
+    job, log = submitted(submit_grpo(run_dir, port, *args), run_dir)
+    try:
+        running = lambda: job in active_jobs() or pytest.fail(f"job ended\n{_tail(log)}")  # noqa: E731
+        checkpointed = lambda: running() and latest_step(run_dir / "checkpoints") >= 2  # noqa: E731
+        wait_until(lambda: checkpointed() and _steps_logged(run_dir) >= 3, "checkpoint", log)
+        # The driver, its workers and what they started: all in the job's steps, which SLURM
+        # tracks (here by process tree, proctrack/linuxproc) and signals on scancel.
+        procs = job_processes(job)
+        assert procs and all(_in_a_step(pid) for pid in procs), procs
+    finally:
+        subprocess.run(["scancel", job], check=True)
+    wait_until(lambda: job not in active_jobs() and not job_processes(job), "cancel", log, 60)
+
+    again, log = submitted(submit_grpo(run_dir, port, *args), run_dir)  # the same command
+    try:
+        wait_job_done(again, log)
+    finally:
+        subprocess.run(["scancel", again])
+    resumed_at = int(re.search(r"resuming at step (\d+)", log.read_text()).group(1))
+    assert 2 <= resumed_at < steps
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
+    ids = [e for r in trained(run_dir) for e in r["episodes"]]
+    assert len(ids) == len(set(ids)) == steps * 8  # no episode trained twice, none lost
+
+
+@needs_slurm
+def test_dry_run_prints_the_batch_script_and_submits_nothing(tmp_path):
+    run_dir, jobs = tmp_path / "run", active_jobs()
+    out = submit_grpo(
+        run_dir,
+        22222,
+        "--dry-run",
+        "--account=acct",
+        "--qos=q",
+        "provisioner.slurm.extra_args=[--constraint=cpu]",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    script = out.stdout.splitlines()
+    for line in (
+        "#SBATCH --nodes=1",
+        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        f"#SBATCH --chdir={ROOT}",
+        f"#SBATCH --partition={PARTITION}",
+        "#SBATCH --time=00:10:00",
+        "#SBATCH --account=acct",
+        "#SBATCH --qos=q",
+        "#SBATCH --exclusive",
+        "#SBATCH --constraint=cpu",
+        "export FORGE_SLURM_ALLOCATION=1",
+    ):
+        assert line in script, (line, out.stdout)
+    command = next(line for line in script if line.startswith("exec "))
+    assert f"-m forge run apps/grpo/main.py --config {TINY} run_dir={run_dir}" in command
+    assert any(line.startswith("trainer ") for line in script)  # the placement plan
+    assert active_jobs() == jobs and not run_dir.exists()
+
+
+@needs_slurm
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--partition=nosuch"], "forge: submit: sbatch refused the job: "),
+        (
+            ["provisioner.slurm.extra_args=[constraint=cpu]"],
+            "forge: submit: provisioner.slurm.extra_args: 'constraint=cpu' is not an sbatch option",
+        ),
+        (
+            ["--nodes=2", "provisioner.launcher=local"],
+            "forge: config error: --nodes 2: provisioner.launcher=local runs on one node",
+        ),
+    ],
+    ids=["unknown-partition", "extra-arg", "nodes-local"],
+)
+def test_a_bad_submission_is_one_line_and_submits_nothing(tmp_path, args, error):
+    jobs = active_jobs()
+    out = submit_grpo(tmp_path / "run", 22222, *args)
+    assert out.returncode == 2 and out.stderr.startswith(error), out.stderr
+    assert len(out.stderr.splitlines()) == 1 and not out.stdout, out.stderr
+    assert active_jobs() == jobs
