@@ -13,6 +13,7 @@ interleave with training's) while training goes on, and `latest` moves when they
 """
 
 import shutil
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -98,8 +99,10 @@ class Checkpointer:
         self.cfg = cfg
         self.parts = (model, optimizer, scheduler)
         self.folder = Path(cfg.folder) if cfg.folder else None
-        self._pending: Future | None = None  # the background write of the last async save
+        self._pending: tuple[Future, Path] | None = None  # the last async save's write
         self._group: Any = None  # the background writes' own process group
+        self._committed: Path | None = None  # the checkpoint `latest` names
+        self._commit_lock = threading.Lock()
 
     def due(self, step: int) -> bool:
         return self.folder is not None and self.cfg.interval > 0 and step % self.cfg.interval == 0
@@ -123,19 +126,29 @@ class Checkpointer:
         if self._group is None:
             self._group = dist.new_group(backend="gloo")
         pending = dcp.async_save(state, checkpoint_id=target, process_group=self._group)
+        # Committed as soon as the write completes, so a trainer that dies later keeps it.
         pending.add_done_callback(lambda done: done.exception() or self._commit(target))
-        self._pending = pending
+        self._pending = (pending, target)
         return time.perf_counter() - start
 
     def wait(self) -> None:
-        """Blocks until the background write (if any) is complete; raises its error."""
+        """Blocks until the background write (if any) is complete and `latest` names it;
+        raises the write's error."""
         if self._pending is not None:
-            pending, self._pending = self._pending, None
+            (pending, target), self._pending = self._pending, None
             pending.result()
+            # `result()` can return before the done-callback has run: commit here too.
+            self._commit(target)
 
     def _commit(self, target: Path) -> None:
         if dist.get_rank() != 0:
             return
+        with self._commit_lock:  # the write's callback thread and `wait` may both get here
+            if self._committed != target:
+                self._point_latest_at(target)
+                self._committed = target
+
+    def _point_latest_at(self, target: Path) -> None:
         (self.folder / f"{LATEST}.tmp").write_text(target.name)
         (self.folder / f"{LATEST}.tmp").replace(self.folder / LATEST)
         # Only older ones: a newer folder may hold the driver's part of the next checkpoint.
