@@ -11,7 +11,6 @@ On CPU the kernel's high-water mark of the resident set (VmHWM) is reset through
 """
 
 import ctypes
-import ctypes.util
 import re
 from pathlib import Path
 
@@ -54,10 +53,10 @@ def release_free_heap() -> None:
     costs milliseconds plus the page faults of memory touched again (trimming on every free,
     MALLOC_TRIM_THRESHOLD_=0, made steps ~30% slower). A no-op where libc is not glibc.
     """
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"))
+# Looked up once: the process's own symbols include its C library's (no find_library, which
+# runs ldconfig in a subprocess).
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
