@@ -66,8 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Load the config, then call main(cfg) of the app file.",
         epilog="key=value overrides take dotted keys (trainer.lr=1e-4), parsed as yaml.",
     )
-    run.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
-    run.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    _add_app_arguments(run)
     run.add_argument(
         "--verbose",
         action="store_true",
@@ -95,8 +94,7 @@ def _add_submit(commands: Any) -> None:
         "inside the allocation. Options default to the config's provisioner.slurm.",
         epilog="The same command again resumes the run; scancel JOB stops every process of it.",
     )
-    submit.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
-    submit.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    _add_app_arguments(submit)
     for option in ("partition", "time", "account", "qos"):
         submit.add_argument(f"--{option}", help=f"sbatch --{option} (provisioner.slurm.{option})")
     submit.add_argument(
@@ -112,13 +110,9 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge submit`: check the config and its placement here, then sbatch the run."""
     # Imported here: they load Monarch and torch (seconds), which `forge --help` need not.
     from forge.controller.submit import SubmitError, batch_script, submit
-    from forge.loop import RunConfig
     from forge.loop.plan import plan_run
 
-    _, schema = load_app(args.app)
-    if not issubclass(schema, RunConfig):
-        _fail(f"error: {args.app}: forge submit needs an app whose config is a RunConfig")
-    cfg = load_config(schema, args.config, overrides)
+    schema, cfg = _load_run_config(args, overrides, "submit")
     if args.nodes is not None and args.nodes != _nodes(cfg.provisioner):
         if cfg.provisioner.launcher != "slurm":
             raise ConfigError(
@@ -150,6 +144,23 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     print(f"job: {job}\nrun folder: {run_dir}\nlog: {str(log).replace('%j', job)}")
 
 
+def _add_app_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
+    parser.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+
+
+def _load_run_config(
+    args: argparse.Namespace, overrides: list[str], command: str
+) -> tuple[type, Any]:
+    """The app's config class and its loaded config, for commands that need a RunConfig."""
+    from forge.loop import RunConfig
+
+    _, schema = load_app(args.app)
+    if not issubclass(schema, RunConfig):
+        _fail(f"error: {args.app}: forge {command} needs an app whose config is a RunConfig")
+    return schema, load_config(schema, args.config, overrides)
+
+
 def _nodes(provisioner: Any) -> int:
     """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
     return provisioner.hosts if provisioner.launcher == "slurm" else 1
@@ -165,8 +176,7 @@ def _add_plan(commands: Any) -> None:
         "(the config's provisioner, or the shape the options give) as the run will.",
         epilog="An impossible placement is one line naming the config keys, exit status 2.",
     )
-    plan.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
-    plan.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    _add_app_arguments(plan)
     for flag, what in (("hosts", "hosts"), ("gpus-per-host", "GPUs"), ("cpus-per-host", "cores")):
         plan.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} (else the config's)")
     plan.set_defaults(command=_plan)
@@ -175,13 +185,9 @@ def _add_plan(commands: Any) -> None:
 def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge plan`: the placement table of the app's config."""
     # Imported here: it loads Monarch and torch (seconds), which `forge --help` need not.
-    from forge.loop import RunConfig
     from forge.loop.plan import ClusterShape, plan_run
 
-    _, schema = load_app(args.app)
-    if not issubclass(schema, RunConfig):
-        _fail(f"error: {args.app}: forge plan needs an app whose config is a RunConfig")
-    cfg = load_config(schema, args.config, overrides)
+    _, cfg = _load_run_config(args, overrides, "plan")
     given = {k: getattr(args, k) for k in ("hosts", "gpus_per_host", "cpus_per_host")}
     shape = dataclasses.replace(
         ClusterShape.of(cfg.provisioner), **{k: v for k, v in given.items() if v is not None}
