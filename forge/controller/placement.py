@@ -95,6 +95,20 @@ def place(
     )
 
 
+def member_view(hosts: list[HostDevices], group: Placement) -> list[HostDevices]:
+    """The hosts as one member of a device group sees them: the group's devices, all free, and
+    nothing else.
+
+    Colocated meshes (a trainer and its generators) each place their procs in a view of their
+    own, so they share the group's devices with each other and with no other mesh.
+    """
+    views = [HostDevices(h.name, 0, ()) for h in hosts]
+    for i, host in enumerate(group.hosts):
+        views[host].free_gpus = list(group.gpus[i])
+        views[host].free_cpus = list(group.cpus[i])
+    return views
+
+
 def release(hosts: list[HostDevices], placement: Placement) -> None:
     """Gives back the devices a `place` call reserved."""
     for i, host in enumerate(placement.hosts):
@@ -131,21 +145,33 @@ def proc_env(placement: Placement, rank: int, *, gpu_host: bool) -> dict[str, st
 
 
 def apply_cpu_affinity() -> list[int] | None:
-    """Pins every thread of this process to the cores in FORGE_CPUS, if set.
+    """Pins this process to the cores in FORGE_CPUS, if set (see `pin_to_cores`).
 
-    Runs at actor start-up, after Monarch's own threads exist: a process-wide affinity
-    needs each thread pinned, since Linux applies sched_setaffinity to one thread only.
+    Runs at actor start-up, after Monarch's own threads exist.
     """
     spec = os.environ.get("FORGE_CPUS")
     if not spec:
         return None
     cpus = [int(c) for c in spec.split(",")]
+    pin_to_cores(cpus)
+    return cpus
+
+
+def pin_to_cores(cpus: list[int]) -> None:
+    """Pins every thread of this process to `cpus` and sizes its thread pools to match.
+
+    Each thread is pinned, since Linux applies sched_setaffinity to one thread only; threads
+    started later inherit their creator's cores, and processes started later (a vLLM engine)
+    read OMP_NUM_THREADS. `torch.set_num_threads` reaches the calling thread's OpenMP pool
+    (and threads that have not computed yet): a thread that already computed sets its own.
+    """
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:
             pass  # the thread ended meanwhile
+    os.environ["FORGE_CPUS"] = ",".join(map(str, cpus))
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
     import torch
 
     torch.set_num_threads(len(cpus))
-    return cpus

@@ -18,7 +18,14 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.monarch_compat import stop_proc_mesh
-from forge.controller.placement import HostDevices, Placement, place, proc_env, release
+from forge.controller.placement import (
+    HostDevices,
+    Placement,
+    member_view,
+    place,
+    proc_env,
+    release,
+)
 from forge.controller.slurm_compat import patch_slurm_job
 from forge.controller.submit import AllocationWorkers, in_allocation
 
@@ -85,7 +92,10 @@ class ProcessConfig:
         cpus_per_proc: cores reserved for each process (pinned, and its thread count);
             0 shares the host's unreserved cores.
         env: extra environment variables for every process.
-        mesh_name: a name for the proc mesh, for logs.
+        mesh_name: a name for the proc mesh, for logs; meshes of one name share a group's
+            view (a service's replicas).
+        group: a device group (`Provisioner.reserve_group`) to place the procs in, shared
+            with the group's other meshes (colocation); None: devices of their own.
     """
 
     procs: int = 1
@@ -95,6 +105,7 @@ class ProcessConfig:
     cpus_per_proc: int = 0
     env: dict[str, str] = field(default_factory=dict)
     mesh_name: str | None = None
+    group: str | None = None
 
 
 class Stoppable(Protocol):
@@ -136,7 +147,9 @@ class Provisioner:
         self._job: Any = None
         self._host_mesh: HostMesh | None = None
         self._devices: list[HostDevices] = []
-        self._meshes: dict[int, tuple[ProcMesh, Placement, str]] = {}
+        # name -> the group's placement, and each member mesh name's view of its devices
+        self._groups: dict[str, tuple[Placement, dict[str, list[HostDevices]]]] = {}
+        self._meshes: dict[int, tuple[ProcMesh, Placement, str, list[HostDevices]]] = {}
         self._owned: list[Stoppable] = []
         self._actors: dict[int, ProcMesh] = {}
         self._lock = asyncio.Lock()
@@ -187,13 +200,43 @@ class Provisioner:
         )
         return patch_slurm_job(job)
 
-    async def spawn_procs(self, pc: ProcessConfig) -> ProcMesh:
-        """Starts a proc mesh with its own devices, as `pc` asks."""
+    async def reserve_group(self, name: str, *, hosts: int, gpus: int, cpus: int) -> Placement:
+        """Reserves `gpus` GPUs and `cpus` cores on each of `hosts` hosts for meshes that
+        share them (`ProcessConfig.group`): colocated roles, which take turns on them.
+
+        Raises PlacementError when they are not free.
+        """
         async with self._lock:
             if self._host_mesh is None:
                 self._start_hosts()
-            placement = place(
+            if name in self._groups:
+                raise ValueError(f"device group {name!r} is already reserved")
+            group = place(
                 self._devices,
+                num_hosts=hosts,
+                procs_per_host=1,
+                gpus_per_proc=gpus,
+                cpus_per_proc=cpus,
+            )
+            self._groups[name] = (group, {})
+            return group
+
+    def _devices_for(self, pc: ProcessConfig) -> list[HostDevices]:
+        if pc.group is None:
+            return self._devices
+        if pc.group not in self._groups:
+            raise ValueError(f"device group {pc.group!r} is not reserved (reserve_group)")
+        group, views = self._groups[pc.group]
+        return views.setdefault(pc.mesh_name or "unnamed", member_view(self._devices, group))
+
+    async def spawn_procs(self, pc: ProcessConfig) -> ProcMesh:
+        """Starts a proc mesh with its own devices (or its group's), as `pc` asks."""
+        async with self._lock:
+            if self._host_mesh is None:
+                self._start_hosts()
+            devices = self._devices_for(pc)
+            placement = place(
+                devices,
                 num_hosts=pc.hosts or 1,
                 procs_per_host=pc.procs,
                 gpus_per_proc=pc.gpus_per_proc if pc.with_gpus else 0,
@@ -216,9 +259,9 @@ class Provisioner:
             )
             await mesh.initialized
         except BaseException:
-            release(self._devices, placement)
+            release(devices, placement)
             raise
-        self._meshes[id(mesh)] = (mesh, placement, pc.mesh_name or "unnamed")
+        self._meshes[id(mesh)] = (mesh, placement, pc.mesh_name or "unnamed", devices)
         return mesh
 
     def _hosts_slice(self, placement: Placement) -> HostMesh:
@@ -246,7 +289,7 @@ class Provisioner:
         entry = self._meshes.get(id(mesh))
         if entry is None:
             return
-        _, placement, name = entry
+        _, placement, name, devices = entry
         try:
             async with asyncio.timeout(self.cfg.stop_timeout_s):
                 await stop_proc_mesh(mesh)
@@ -265,7 +308,7 @@ class Provisioner:
             )
             return
         del self._meshes[id(mesh)]
-        release(self._devices, placement)
+        release(devices, placement)
 
     def _describe(self, placement: Placement) -> str:
         hosts = zip(placement.hosts, placement.gpus, placement.cpus, strict=True)
@@ -296,13 +339,14 @@ class Provisioner:
         """Each running proc mesh's name and the names of the hosts it runs on (`host0`, ...;
         SLURM node names inside a `forge submit` job), in start order."""
         return [
-            (name, [self._devices[h].name for h in p.hosts]) for _, p, name in self._meshes.values()
+            (name, [self._devices[h].name for h in p.hosts])
+            for _, p, name, _ in self._meshes.values()
         ]
 
     @property
     def num_procs(self) -> int:
         """Processes currently started by this provisioner (for tests and metrics)."""
-        return sum(p.world_size for _, p, _ in self._meshes.values())
+        return sum(p.world_size for _, p, _, _ in self._meshes.values())
 
     async def shutdown(self) -> None:
         """Stops every service, actor and proc mesh started here, then the hosts' job."""
@@ -310,8 +354,11 @@ class Provisioner:
             await thing.shutdown()
         self._owned.clear()
         self._actors.clear()
-        for mesh, _, _ in list(self._meshes.values()):
+        for mesh, *_ in list(self._meshes.values()):
             await self.stop_procs(mesh)
+        for group, _ in self._groups.values():
+            release(self._devices, group)
+        self._groups.clear()
         if self._job is not None:
             self._job.kill()
             self._job = None

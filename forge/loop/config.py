@@ -38,6 +38,7 @@ class Role:
     name: str
     resources: Resources
     key: str | None = None
+    group: str | None = None  # a device group it shares with other roles (colocation)
 
 
 @dataclass
@@ -78,6 +79,12 @@ class RunConfig:
         max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
             before the run fails.
         export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end.
+        placement: where generator and trainer run (docs/placement.md). "split": each on
+            devices of its own (generator_resources, trainer_resources), overlapping in async
+            mode. "colocated": both on the same devices, taking turns, each using all of
+            them while it runs. "auto": on one CPU host, colocated processes that a short
+            calibration then gives all the cores in turn or splits between them, whichever
+            the pipeline model predicts faster; elsewhere "split".
     """
 
     run_dir: str = "runs/forge"
@@ -86,6 +93,7 @@ class RunConfig:
     max_trainer_restarts: int = 2
     seed: int = 0
     export_hf: bool = True
+    placement: Literal["auto", "colocated", "split"] = "auto"
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

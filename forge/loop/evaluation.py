@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forge.loop.turns import Turns
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -27,11 +28,19 @@ class Evaluator:
         reward: the reward service.
         max_tokens: generation budget per answer.
         path: the eval.jsonl file (appended).
+        turns: colocated placement's turns: eval generates in generation's turn.
     """
 
     def __init__(
-        self, rows: list[dict], generator: Any, reward: Any, max_tokens: int, path: Path
+        self,
+        rows: list[dict],
+        generator: Any,
+        reward: Any,
+        max_tokens: int,
+        path: Path,
+        turns: Turns | None = None,
     ) -> None:
+        self.turns = turns or Turns(enabled=False)
         self.rows = rows
         self.generator = generator
         self.reward = reward
@@ -63,12 +72,7 @@ class Evaluator:
     async def evaluate(self, step: int, version: int) -> dict[str, Any]:
         """Answers every row greedily and scores the answers; records and returns the result."""
         start = time.perf_counter()
-        answers = await asyncio.gather(
-            *(
-                self.generator.generate.route(row["prompt"], n=1, sampling=self.sampling)
-                for row in self.rows
-            )
-        )
+        answers = await asyncio.gather(*(self._answer(row) for row in self.rows))
         completions = [a[0] for a in answers]
         scores = await self.reward.evaluate.route(self.rows, [c.text for c in completions])
         versions = [v for c in completions for v in c.token_versions]
@@ -84,6 +88,10 @@ class Evaluator:
         }
         self._record(result)
         return result
+
+    async def _answer(self, row: dict) -> list:
+        async with self.turns.generating():
+            return await self.generator.generate.route(row["prompt"], n=1, sampling=self.sampling)
 
     def _record(self, result: dict[str, Any]) -> None:
         self.results.append(result)

@@ -6,19 +6,32 @@ reward, and what the app adds) in the order the Provisioner places them, and pla
 simulated hosts of the cluster's shape with the Provisioner's own `place`, so the plan is what
 the run will get. An impossible config is refused with one line naming the keys at fault.
 `Run.start` calls it first; `forge plan APP --config FILE` prints it as a table.
+
+Colocated placement puts trainer and generator in one device group (reserved first), each
+seeing all of it; the other roles get devices of their own.
 """
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from forge.config import ConfigError
-from forge.controller.placement import HostDevices, Placement, PlacementError, place
+from forge.controller.placement import (
+    HostDevices,
+    Placement,
+    PlacementError,
+    member_view,
+    place,
+)
 from forge.controller.provisioner import ProvisionerConfig
-from forge.loop.config import Role, RunConfig
+from forge.loop.config import Resources, Role, RunConfig
 
 # Where a host's GPU count comes from (ClusterShape.of), for error messages.
 GPU_KEYS = "provisioner.gpus_per_host or provisioner.slurm.gpus_per_node"
+GROUP = "colocated"  # the device group that colocated roles share
+COLOCATED = ("trainer", "generator")
 
 
 class PlanError(ConfigError):
@@ -69,15 +82,26 @@ class Mesh:
 
 @dataclass(frozen=True)
 class Plan:
-    """Every proc mesh of a run, in placement order, on a cluster of `shape`."""
+    """Every proc mesh of a run, in placement order, on a cluster of `shape`.
+
+    `placement` is how generator and trainer start ("colocated": in `group`, shared), and
+    `reason` why, for the start-up line.
+    """
 
     shape: ClusterShape
     meshes: tuple[Mesh, ...]
     free: tuple[HostDevices, ...]  # what no mesh reserved
+    placement: Literal["colocated", "split"] = "split"
+    reason: str = ""
+    group: Placement | None = None
 
     def of_role(self, name: str) -> list[Placement]:
         """The placements of role `name`'s replicas."""
         return [m.placement for m in self.meshes if m.role.name == name]
+
+    def resources(self, name: str) -> Resources:
+        """Role `name`'s resources as placed (colocation sizes them to the group)."""
+        return next(m.role.resources for m in self.meshes if m.role.name == name)
 
     def table(self) -> str:
         """The cluster's shape; one row per role: replicas, hosts, procs per host, GPUs and
@@ -92,6 +116,7 @@ class Plan:
         return "\n".join(
             [
                 f"cluster: {self.shape}",
+                f"placement: {self.placement} ({self.reason})",
                 *(line.rstrip() for line in lines),
                 "not reserved: " + ", ".join(free),
             ]
@@ -125,11 +150,81 @@ def plan_run(cfg: RunConfig, shape: ClusterShape | None = None) -> Plan:
     for role in roles:
         _check_role(role, shape)
     _check_trainer(cfg)
-    _check_totals(roles, shape)
+    placement, reason = start_placement(cfg, shape)
     hosts = shape.devices()
-    meshes = _place_all(roles, hosts)
+    group = None
+    if placement == "colocated":
+        roles, group = _colocate(roles, shape, hosts)
+    _check_totals([r for r in roles if r.group is None], shape)
+    meshes = _place_all(roles, hosts, group)
     _check_shm_hosts(cfg, meshes)
-    return Plan(shape, tuple(meshes), tuple(hosts))
+    return Plan(shape, tuple(meshes), tuple(hosts), placement, reason, group)
+
+
+def start_placement(
+    cfg: RunConfig, shape: ClusterShape
+) -> tuple[Literal["colocated", "split"], str]:
+    """How generator and trainer start under `cfg.placement`, and why.
+
+    "auto" starts colocated where its calibration can re-divide the devices at run time: CPU
+    cores of one host, one generator replica, one trainer host. GPUs cannot be handed from
+    one process to another that way, so "auto" keeps the configured split there.
+    """
+    if cfg.placement != "auto":
+        return cfg.placement, "placement"
+    g, t = cfg.generator_resources, cfg.trainer_resources
+    if g.with_gpus or t.with_gpus or shape.gpus_per_host:
+        return "split", "auto: GPU placements are not calibrated, so the configured split"
+    if (t.hosts or 1) > 1 or (g.hosts or 1) > 1 or g.num_replicas > 1:
+        return "split", "auto: calibrates one generator and one trainer host only"
+    return "colocated", "auto: calibration at start decides how the cores are shared"
+
+
+def _colocate(
+    roles: list[Role], shape: ClusterShape, hosts: list[HostDevices]
+) -> tuple[list[Role], Placement]:
+    """Reserves the colocated group on `hosts` and sizes trainer and generator to it.
+
+    On GPUs the group is the trainer's GPUs (one per rank) and the generators' replicas go
+    on those; on CPUs it is every core no other role reserved, and each role divides it
+    among its processes.
+    """
+    trainer = next(r for r in roles if r.name == "trainer").resources
+    generator = next(r for r in roles if r.name == "generator").resources
+    if trainer.with_gpus != generator.with_gpus:
+        raise PlanError(
+            "placement colocated needs trainer_resources.with_gpus and "
+            "generator_resources.with_gpus alike: the two take turns on the same devices"
+        )
+    others = [r for r in roles if r.name not in COLOCATED]
+    reserved = sum(r.resources.procs * r.resources.cpus_per_proc for r in others)
+    cores = 0 if trainer.with_gpus else shape.cpus_per_host - reserved
+    gpus = trainer.procs if trainer.with_gpus else 0
+    if not trainer.with_gpus and cores < max(trainer.procs, generator.num_replicas):
+        raise PlanError(
+            f"placement colocated: {cores} cores left after the other roles' "
+            "cpus_per_proc, fewer than the trainer's or generators' processes"
+        )
+    try:
+        group = place(
+            hosts,
+            num_hosts=trainer.hosts or 1,
+            procs_per_host=1,
+            gpus_per_proc=gpus,
+            cpus_per_proc=cores,
+        )
+    except PlacementError as e:
+        raise PlanError(f"placement colocated: {e}") from None
+    generator_procs = generator.num_replicas * generator.procs
+    sized = {
+        "trainer": dataclasses.replace(trainer, cpus_per_proc=cores // trainer.procs),
+        "generator": dataclasses.replace(generator, cpus_per_proc=cores // generator_procs),
+    }
+    placed = [
+        dataclasses.replace(r, resources=sized[r.name], group=GROUP) if r.name in sized else r
+        for r in roles
+    ]
+    return placed, group
 
 
 def _check_role(role: Role, shape: ClusterShape) -> None:
@@ -219,15 +314,17 @@ def _check_totals(roles: list[Role], shape: ClusterShape) -> None:
             )
 
 
-def _place_all(roles: list[Role], hosts: list[HostDevices]) -> list[Mesh]:
-    """Every replica of every role, placed in order on `hosts` as the Provisioner does."""
+def _place_all(roles: list[Role], hosts: list[HostDevices], group: Placement | None) -> list[Mesh]:
+    """Every replica of every role, placed in order on `hosts` as the Provisioner does; a
+    grouped role in its own view of the group."""
     meshes: list[Mesh] = []
     for role in roles:
         r = role.resources
+        devices = hosts if role.group is None else member_view(hosts, group)
         for replica in range(r.num_replicas):
             try:
                 placement = place(
-                    hosts,
+                    devices,
                     num_hosts=r.hosts or 1,
                     procs_per_host=r.procs,
                     gpus_per_proc=1 if r.with_gpus else 0,

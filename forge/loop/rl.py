@@ -10,6 +10,8 @@ it): the baseline async mode is measured against, and the same data as async mod
 """
 
 import asyncio
+import json
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,12 +22,15 @@ from forge.data.admission import AdmissionGate
 from forge.data.completion import Completion
 from forge.data.datasets import ReasoningGymConfig
 from forge.data.episode import Episode
+from forge.loop import calibration
 from forge.loop.config import RLConfig
+from forge.loop.pipeline import Prediction, fastest, predict, table
 from forge.loop.run import Run, TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
 MAX_FAILURES_IN_A_ROW = 10
+MEASURED_STEPS = 3  # steps after the first whose median is printed beside the prediction
 
 
 class RLLoop(Run):
@@ -45,6 +50,9 @@ class RLLoop(Run):
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
+        self.prediction: Prediction | None = None  # the placement's predicted cost
+        self.step_seconds: list[float] = []  # wall time of each step of this process
+        self.step_ended = 0.0
 
     async def start_services(self) -> list[Any]:
         """The replay buffer and the dataset; apps call this first when they add their own."""
@@ -55,6 +63,94 @@ class RLLoop(Run):
 
     def training_task(self) -> ReasoningGymConfig:
         return self.cfg.dataset
+
+    # --- placement ----------------------------------------------------------------------------
+
+    async def start(self) -> "RLLoop":
+        await super().start()
+        await self.fit_placement()
+        return self
+
+    async def fit_placement(self) -> None:
+        """Predicts the placement's seconds per step from the phase costs of this machine and
+        workload (docs/placement.md).
+
+        Under `placement: auto` on CPU, the costs are measured now unless cached, and generator
+        and trainer move onto the placement predicted fastest. An explicit placement is
+        predicted when the costs are cached. The prediction and the choice are printed, and
+        written to run_dir/pipeline.json, where the measured figure joins them later.
+        """
+        cfg, auto = self.cfg, self.cfg.placement == "auto"
+        if auto and not self.turns.enabled:
+            return  # auto kept the configured split (GPUs, several hosts): nothing to fit
+        cpus = (await self.generator.cores.fanout())[0]["cpus"]
+        if not self.turns.enabled:  # explicit split: the costs are for the cores of both
+            cpus = sorted({*cpus, *(await self.call_trainer("cores"))["cpus"]})
+        key = calibration.cache_key(self, len(cpus))
+        costs, source = calibration.load(key), "cached"
+        if costs is None and auto:
+            start = time.perf_counter()
+            say(f"placement auto: calibrating on {len(cpus)} cores (cached once measured)")
+            costs = await calibration.measure(self, cpus)
+            calibration.save(key, costs)
+            await self.logger.discard()  # the calibration's rollouts belong to no step
+            source = f"calibrated in {time.perf_counter() - start:.0f}s"
+        if costs is None:
+            return
+        exact = cfg.trainer.exact_mismatch
+        options = predict(costs, len(cpus), cfg.mode, cfg.buffer.max_policy_age, exact)
+        self.prediction = fastest(options) if auto else self._configured(options)
+        if self.prediction is None:
+            return
+        if auto:
+            await self._apply(self.prediction, cpus)
+        say(
+            f"placement {cfg.placement} ({source}): {self.prediction.label}\n"
+            + table(options, self.prediction)
+        )
+        self._write_pipeline(
+            {
+                "costs": vars(costs),
+                "options": [vars(o) for o in options],
+                "chosen": vars(self.prediction),
+            }
+        )
+
+    def _configured(self, options: list[Prediction]) -> Prediction | None:
+        """The prediction of the placement the config sets, if the model covers it."""
+        if self.turns.enabled:
+            return options[0]
+        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
+        cores = (g.cpus_per_proc * g.procs, t.cpus_per_proc * t.procs)
+        split = [o for o in options[1:] if (o.generator_cores, o.trainer_cores) == cores]
+        return split[0] if split else None
+
+    async def _apply(self, chosen: Prediction, cpus: list[int]) -> None:
+        """Moves generator and trainer onto `chosen`'s cores: a split gives the trainer the
+        first cores and the generator the rest, and ends the turns."""
+        if chosen.placement == "colocated":
+            return
+        await self.call_trainer("use_cores", cpus[: chosen.trainer_cores])
+        await self.generator.use_cores.fanout(cpus[chosen.trainer_cores :])
+        self.turns.enabled = False
+
+    def _report_measured(self) -> None:
+        """After MEASURED_STEPS steps past the first, prints their median beside the
+        prediction (the first step also waits for the first batch)."""
+        if self.prediction is None or len(self.step_seconds) != MEASURED_STEPS + 1:
+            return
+        measured = statistics.median(self.step_seconds[1:])
+        predicted = self.prediction.seconds_per_step
+        say(
+            f"placement {self.prediction.label}: measured {measured:.1f} s/step (median of "
+            f"{MEASURED_STEPS} steps), predicted {predicted:.1f} ({measured / predicted:.2f}x)"
+        )
+        self._write_pipeline({"measured_s_per_step": measured})
+
+    def _write_pipeline(self, update: dict[str, Any]) -> None:
+        path = self.run_dir / "pipeline.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**data, **update}, indent=1) + "\n")
 
     # --- rollouts -----------------------------------------------------------------------------
 
@@ -93,11 +189,13 @@ class RLLoop(Run):
         """One prompt, G samples, scored by the app."""
         row = await self.dataset.nth.call_one(group)
         seed = self.cfg.seed * 1_000_003 + group * self.cfg.group_size
-        async with self.busy:
-            completions = await self.generator.generate.route(
-                row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
-            )
-        return await self.score(group, row, completions)
+        # Scoring too: a teacher model's pass must not run while a colocated trainer does.
+        async with self.turns.generating():
+            async with self.busy:
+                completions = await self.generator.generate.route(
+                    row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
+                )
+            return await self.score(group, row, completions)
 
     async def rollout_worker(self) -> None:
         """Starts a rollout whenever the admission gate allows one, until the run stops.
@@ -169,8 +267,9 @@ class RLLoop(Run):
             sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
         ]
         self.log_batch(step, self.version, batch)
-        metrics = await self.train(batch, policy_version=self.version)
-        await self.publish(step)
+        async with self.turns.training():
+            metrics = await self.train(batch, policy_version=self.version)
+            await self.publish(step)
         after = await self.report_consumed()
         wall = time.perf_counter() - waited
         record_metric("train/idle_fraction", (start - waited) / wall)
@@ -223,6 +322,7 @@ class RLLoop(Run):
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
         logged = []
+        self.step_ended = time.perf_counter()
         target = self.version + n
         while self.version < target:
             step = self.version + 1
@@ -236,6 +336,9 @@ class RLLoop(Run):
                 continue
             record_metric("generator/idle_fraction", self.busy.idle_fraction())
             logged.append(await self.log_step(step, self.started))
+            self.step_seconds.append(time.perf_counter() - self.step_ended)
+            self.step_ended = time.perf_counter()
+            self._report_measured()
             if on_step is not None:
                 on_step(step, logged[-1])
         return logged

@@ -29,8 +29,9 @@ from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
 from forge.data.episode import Episode
 from forge.loop.config import Resources, RunConfig
 from forge.loop.evaluation import Evaluator
-from forge.loop.plan import plan_run
+from forge.loop.plan import GROUP, plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
+from forge.loop.turns import Turns
 from forge.observability import MetricLogger, Reduce, plot_run, record_metric
 from forge.observability.console import say
 from forge.weights.shm_folders import claim_for_run
@@ -69,12 +70,19 @@ class Run:
         Raises RunFinished (before anything starts) if the folder's run took `steps` already.
         """
         cfg = self.cfg
-        plan_run(cfg)  # an impossible placement fails here, before the folder or a process
+        # An impossible placement fails here, before the folder or a process.
+        self.plan = plan_run(cfg)
+        self.turns = Turns(enabled=self.plan.placement == "colocated")
         resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
         self.folder.rewind(resumed)
         self.started = time.perf_counter()
         say(self.summary() + (f" | resuming at step {resumed}" if resumed else ""))
         init_provisioner(cfg.provisioner)
+        if self.plan.group is not None:  # first, as the plan placed it
+            g = self.plan.group
+            await get_provisioner().reserve_group(
+                GROUP, hosts=len(g.hosts), gpus=len(g.gpus[0]), cpus=len(g.cpus[0])
+            )
         claim_for_run(self.run_dir, cfg)  # its /dev/shm folder, given back at shutdown()
         if cfg.trainer.transport.kind == "torchstore":
             # Imported only here: torchstore prints a warning on import, before any log exists.
@@ -82,9 +90,9 @@ class Run:
 
             await torchstore_compat.initialize()
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
-        g = cfg.generator_resources
+        g, group = self.plan.resources("generator"), self._group()
         self.generator, self.trainer, self.reward = await asyncio.gather(
-            Generator.options(**vars(g)).as_service(cfg.generator),
+            Generator.options(**vars(g), group=group).as_service(cfg.generator),
             self.spawn_trainer(),
             RewardActor.as_service(cfg.reward),
         )
@@ -113,7 +121,12 @@ class Run:
         if cfg.eval.interval:
             rows = self.eval_rows()
             self.evaluator = Evaluator(
-                rows, self.generator, self.reward, cfg.eval.max_tokens, self.run_dir / "eval.jsonl"
+                rows,
+                self.generator,
+                self.reward,
+                cfg.eval.max_tokens,
+                self.run_dir / "eval.jsonl",
+                self.turns,
             )
             if not resumed:
                 self.evaluator.start(0, self.version)  # the starting point, to compare against
@@ -121,14 +134,19 @@ class Run:
 
     async def spawn_trainer(self) -> Any:
         """The trainer's processes; it loads the newest checkpoint of its folder in setup."""
-        t = self.cfg.trainer_resources
+        t = self.plan.resources("trainer")
         return await TitanTrainer.options(
             procs=t.procs,
             hosts=t.hosts,
             with_gpus=t.with_gpus,
             cpus_per_proc=t.cpus_per_proc,
             env=t.env,
+            group=self._group(),
         ).as_actor(self.cfg.trainer)
+
+    def _group(self) -> str | None:
+        """The device group generator and trainer share when colocated."""
+        return GROUP if self.plan.placement == "colocated" else None
 
     async def call_trainer(self, endpoint: str, *args: Any, **kwargs: Any) -> Any:
         """Calls `endpoint` on every trainer rank; returns rank 0's value.
@@ -145,10 +163,12 @@ class Run:
 
     def summary(self) -> str:
         """The start-up line: what trains, on which processes, where the run is written."""
-        g, t = self.cfg.generator_resources, self.cfg.trainer_resources
+        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
+        shared = " (shared, taking turns)" if self.plan.placement == "colocated" else ""
         return (
             f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | "
-            f"generator {_placement(g)} | trainer {_placement(t)} | run folder {self.run_dir}"
+            f"{self.plan.placement}{shared}: generator {_placement(g)}, trainer "
+            f"{_placement(t)} | run folder {self.run_dir}"
         )
 
     async def start_services(self) -> list[Any]:

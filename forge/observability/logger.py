@@ -82,6 +82,12 @@ class MetricLogger:
             backend.log(step, metrics, wall_time)
         return metrics
 
+    async def discard(self) -> None:
+        """Drops what every source and the driver recorded so far (work that belongs to no
+        step, such as a calibration)."""
+        await asyncio.gather(*(self._pull(i, s) for i, s in enumerate(self.sources)))
+        drain_local()
+
     async def _pull(self, index: int, source: Any) -> list[dict[str, Accumulator]]:
         endpoint = source.flush_metrics
         try:

@@ -60,13 +60,31 @@ def test_the_slurm_config_puts_the_trainer_on_two_nodes_and_generators_on_the_ot
     assert all(len(h.free_gpus) == 0 for h in plan.free)
 
 
-def test_the_cpu_config_pins_trainer_and_generator_to_a_core_each():
-    plan = plan_run(config("grpo/smollm2_cpu"), CPU_HOST)
+def test_the_cpu_config_starts_trainer_and_generator_on_both_cores_taking_turns():
+    plan = plan_run(config("grpo/smollm2_cpu"), CPU_HOST)  # placement auto, on CPU: colocated
+    assert plan.placement == "colocated"
+    assert [p.cpus for p in plan.of_role("trainer") + plan.of_role("generator")] == [
+        ((0, 1),),
+        ((0, 1),),
+    ]
+    assert plan.resources("trainer").cpus_per_proc == 2  # its thread count
+    assert plan.of_role("reward")[0].cpus == ((),)  # unpinned: any core
+
+
+def test_the_cpu_config_split_pins_trainer_and_generator_to_a_core_each():
+    plan = plan_run(config("grpo/smollm2_cpu", "placement=split"), CPU_HOST)
     assert [p.cpus for p in plan.of_role("trainer") + plan.of_role("generator")] == [
         ((0,),),
         ((1,),),
     ]
-    assert plan.of_role("reward")[0].cpus == ((),)  # unpinned: any core
+
+
+def test_colocated_gpus_put_each_generator_replica_on_a_trainer_gpu():
+    plan = plan_run(config("grpo/qwen3_gpu", "placement=colocated"), SHAPES["qwen3_gpu"])
+    [trainer] = plan.of_role("trainer")
+    assert trainer.gpus == ((0, 1, 2, 3),)
+    assert sorted(g.gpus for g in plan.of_role("generator")) == [((i,),) for i in range(4)]
+    assert len(plan.free[0].free_gpus) == 4  # the other four are no one's
 
 
 IMPOSSIBLE = [
@@ -87,8 +105,16 @@ IMPOSSIBLE = [
      "trainer_resources.hosts 5 > provisioner.hosts 4: the mesh would span more hosts"),
     ("grpo/qwen3_slurm", ["generator_resources.num_replicas=17"], SHAPES["qwen3_slurm"],
      "trainer_resources 16 \\+ generator_resources 17 = 33 GPUs > the cluster's 32"),
-    ("grpo/smollm2_cpu", ["generator_resources.cpus_per_proc=2"], CPU_HOST,
+    ("grpo/smollm2_cpu", ["placement=split", "generator_resources.cpus_per_proc=2"], CPU_HOST,
      r"trainer_resources 1 \+ generator_resources 2 = 3 cores > the cluster's 2"),
+    ("grpo/smollm2_cpu", ["placement=colocated", "reward.num_workers=1",
+                          "provisioner.cpus_per_host=1", "trainer_resources.cpus_per_proc=0",
+                          "generator_resources.num_replicas=2"],
+     ClusterShape(hosts=1, gpus_per_host=0, cpus_per_host=1),
+     "placement colocated: 1 cores left after the other roles' cpus_per_proc, fewer than"),
+    ("grpo/qwen3_gpu", ["placement=colocated", "generator_resources.with_gpus=false"],
+     SHAPES["qwen3_gpu"],
+     "placement colocated needs trainer_resources.with_gpus and generator_resources.with_gpus"),
     ("grpo/qwen3_slurm",
      ["provisioner.hosts=2", "trainer_resources.hosts=1", "trainer_resources.procs=6",
       "buffer.dp_size=6", "buffer.batch_size=48", "generator_resources.procs=3",
@@ -316,17 +342,21 @@ def test_forge_plan_prints_the_table(capsys):
     )
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "cluster: 4 hosts x 8 GPUs, 64 cores"
-    assert out[1].split() == ["role", "replicas", "hosts", "procs/host", "GPUs", "cores", "world"]
+    assert out[1] == (
+        "placement: split (auto: GPU placements are not calibrated, so the configured split)"
+    )
+    assert out[2].split() == ["role", "replicas", "hosts", "procs/host", "GPUs", "cores", "world"]
     trainer = ["trainer", "1", "0-1", "8", "host0:", "0-7,", "host1:", "0-7", "any", "16"]
-    assert out[2].split() == trainer
-    assert out[3].split()[:3] == ["generator", "16", "2-3"]
+    assert out[3].split() == trainer
+    assert out[4].split()[:3] == ["generator", "16", "2-3"]
 
 
 def test_forge_plan_refuses_an_impossible_config_with_one_line(capsys):
     cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
     shape = ["--hosts=1", "--gpus-per-host=0", "--cpus-per-host=2"]
     with pytest.raises(SystemExit) as exit:
-        main(["plan", GRPO, "--config", cpu, *shape, "trainer_resources.cpus_per_proc=2"])
+        main(["plan", GRPO, "--config", cpu, *shape, "placement=split",
+              "trainer_resources.cpus_per_proc=2"])  # fmt: skip
     assert exit.value.code == 2
     assert capsys.readouterr().err == (
         "forge: config error: trainer_resources 2 + generator_resources 1 = 3 cores > the "

@@ -1,0 +1,139 @@
+"""Calibration: the pipeline model's phase costs, measured on this machine with the run's own
+processes, and cached per machine, model and workload.
+
+With generator and trainer colocated on `n` cores, for each core count c the pipeline model
+may use (`core_counts`): the generator is moved onto c cores and makes one batch of rollouts
+(the run's prompts and sampling, seeds of their own; thrown away after), and the trainer,
+moved onto c cores, times a few micro-batches of that batch forward and backward
+(`TitanTrainer.calibrate`, scaled to the whole batch). Weight sync is estimated from one
+publish of the current weights. About a minute on 2 cores at 64 sequences; free when cached.
+"""
+
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from forge.loop.pipeline import PhaseCosts
+
+if TYPE_CHECKING:
+    from forge.loop.rl import RLLoop
+
+# Seeds for calibration rollouts, far from the run's (seed * 1_000_003 + group * G).
+SEED_BASE = 2**40
+# Publishing a version is about a third of a sync: the generator's fetch and its engine's
+# swap take the rest (bench/weight_sync.py: publish + fetch 0.24-0.28 s, swap 0.6-0.7 s).
+SYNC_PER_PUBLISH = 3.0
+
+
+def core_counts(n: int) -> list[int]:
+    """The core counts to measure on `n` cores: all of them, and each side of the splits the
+    model considers (1, a quarter, half, three quarters, all but one)."""
+    return sorted({n, *(c for c in (1, n // 4, n // 2, n - n // 4, n - 1) if 1 <= c < n)})
+
+
+def cache_path() -> Path:
+    """`$FORGE_CACHE/calibration.json` (default `~/.cache/forge`)."""
+    return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser() / "calibration.json"
+
+
+def cache_key(run: "RLLoop", cores: int) -> str:
+    """What the costs depend on: the machine, the model, and the shape of a step."""
+    c = run.cfg
+    t, s = c.trainer, c.generator.sampling
+    parts = (
+        _cpu_model(), cores, c.generator.model, t.model, t.dtype, c.buffer.batch_size,
+        c.group_size, s.max_tokens, c.dataset.task, t.micro_batch_size, t.logits_chunk_tokens,
+        t.activation_checkpointing, t.objective,
+    )  # fmt: skip
+    return "|".join(map(str, parts))
+
+
+def load(key: str) -> PhaseCosts | None:
+    """The cached costs under `key`, if any."""
+    entry = _read().get(key)
+    if entry is None:
+        return None
+    return PhaseCosts(
+        generate_s=_int_keys(entry["generate_s"]),
+        train_s=_int_keys(entry["train_s"]),
+        stale_s=_int_keys(entry["stale_s"]),
+        sync_s=entry["sync_s"],
+    )
+
+
+def save(key: str, costs: PhaseCosts) -> None:
+    """Caches `costs` under `key` (written whole, then renamed: readers never see half)."""
+    cache = _read()
+    cache[key] = {**vars(costs), "measured": time.strftime("%Y-%m-%d %H:%M")}
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1) + "\n")
+    tmp.replace(path)
+
+
+async def measure(run: "RLLoop", cpus: list[int]) -> PhaseCosts:
+    """Measures the phase costs with the run's generator and trainer, which must both hold
+    `cpus`; leaves them both on all of `cpus`."""
+    counts = core_counts(len(cpus))
+    generate: dict[int, float] = {}
+    await _rollouts(run, groups=1)  # untimed: an engine's first requests run slowly
+    episodes = []
+    for c in reversed(counts):  # all cores first: its episodes are the ones the trainer times
+        await run.generator.use_cores.fanout(cpus[:c])
+        start = time.perf_counter()
+        batch = await _rollouts(run)
+        generate[c] = time.perf_counter() - start
+        episodes = episodes or batch
+    await run.generator.use_cores.fanout(cpus)
+    train, stale = {}, {}
+    batches = [episodes[r :: run.world] for r in range(run.world)]
+    for c in reversed(counts):
+        await run.call_trainer("use_cores", cpus[:c])
+        costs = await run.call_trainer("calibrate", batches)
+        train[c], stale[c] = costs["train_s"], costs["stale_s"]
+    await run.call_trainer("use_cores", cpus)
+    start = time.perf_counter()
+    await run.call_trainer("push_weights", run.version)
+    sync = (time.perf_counter() - start) * SYNC_PER_PUBLISH
+    return PhaseCosts(generate, train, stale, sync)
+
+
+async def _rollouts(run: "RLLoop", groups: int | None = None) -> list:
+    """One batch of the run's rollouts (or `groups` groups), scored, with calibration seeds."""
+    cfg = run.cfg
+    groups = groups or cfg.buffer.batch_size // cfg.group_size
+
+    async def one(group: int) -> list:
+        row = await run.dataset.nth.call_one(group)
+        completions = await run.generator.generate.route(
+            row["prompt"], n=cfg.group_size, sampling={"seed": SEED_BASE + group * cfg.group_size}
+        )
+        return await run.score(group, row, completions)
+
+    return [e for group in await asyncio.gather(*map(one, range(groups))) for e in group]
+
+
+def _read() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _int_keys(d: dict) -> dict[int, float]:
+    return {int(k): float(v) for k, v in d.items()}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
