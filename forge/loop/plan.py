@@ -177,7 +177,7 @@ def start_placement(
         return "split", "auto: GPU placements are not calibrated, so the configured split"
     if (t.hosts or 1) > 1 or (g.hosts or 1) > 1 or g.num_replicas > 1:
         return "split", "auto: calibrates one generator and one trainer host only"
-    return "colocated", "auto: calibration at start decides how the cores are shared"
+    return "colocated", "auto: starts on every core; an RL run's calibration may split them"
 
 
 def _colocate(

@@ -1,7 +1,7 @@
 """The GRPO app end to end, through `python -m forge run`, on real processes and vLLM.
 
-Tiny-model runs check the machinery (sync == async at max_policy_age 0, surviving a killed
-generator); test_learning.py checks that GRPO on SmolLM2 learns the task `make grpo` trains on.
+Tiny-model runs check the machinery (sync == async at max_policy_age 0, split and colocated;
+surviving a killed generator); test_learning.py checks that GRPO on SmolLM2 learns the task `make grpo` trains on.
 """
 
 import re
@@ -36,7 +36,8 @@ def grpo(config: str, run_dir, *overrides: str):
     return forge_run("grpo", config, run_dir, *overrides)
 
 
-def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
+@pytest.mark.parametrize("placement", ["split", "colocated"])
+def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(placement, tmp_path):
     runs = {mode: tmp_path / mode for mode in ("sync", "async")}
     # Both at once: start-up is mostly waiting, and the runs share nothing but the machine.
     procs = {
@@ -45,6 +46,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
             run_dir,
             VOWELS,
             f"mode={mode}",
+            f"placement={placement}",
             "steps=3",
             "buffer.max_policy_age=0",
             "export_hf=false",

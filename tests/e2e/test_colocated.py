@@ -1,0 +1,116 @@
+"""Colocated and auto placement end to end, on tiny models and real processes.
+
+Colocated: generator and trainer both hold every core, and while one phase runs the other
+process does not spin. Auto: the calibration is measured and cached, the choice is the
+fastest prediction, and the processes are moved onto its cores. (Sync == async at age 0 in
+colocated mode is tests/e2e/test_grpo.py's, parametrised by placement.)
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from forge.cli import import_app
+from forge.config import load_config
+from forge.loop import calibration
+from forge.loop.pipeline import PhaseCosts, fastest, predict
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+ALL = sorted(os.sched_getaffinity(0))
+PHASE_S = 3.0  # how long each phase is kept busy while the other is watched
+
+
+async def start(tmp_path: Path, *overrides: str):
+    grpo = import_app(ROOT / "apps/grpo/main.py")
+    cfg = load_config(
+        grpo.Config,
+        ROOT / "configs/grpo/tiny_cpu.yaml",
+        [f"run_dir={tmp_path / 'run'}", "eval.interval=0", "export_hf=false", *overrides],
+    )
+    return await grpo.GRPO(cfg).start()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+
+async def core_use_while(pids: list[int], work) -> float:
+    """Cores the processes `pids` used on average while `work` ran, over and over, for
+    PHASE_S seconds."""
+    before, start = cpu_seconds(pids), time.perf_counter()
+    while time.perf_counter() - start < PHASE_S:
+        await work()
+    return (cpu_seconds(pids) - before) / (time.perf_counter() - start)
+
+
+async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tmp_path):
+    run = await start(tmp_path, "placement=colocated", "mode=sync")
+    try:
+        trainer = await run.call_trainer("cores")
+        [generator] = await run.generator.cores.fanout()
+        engine = generator["engine"]
+        for process in (trainer, generator, engine):
+            assert process["cpus"] == ALL, process
+        assert trainer["threads"] == engine["threads"] == len(ALL)
+        batch = [e for group in range(2) for e in await run.rollout(group)]
+        generating = [generator["pid"], engine["pid"]]
+
+        async def train():
+            async with run.turns.training():
+                await run.call_trainer("calibrate", [batch])  # forward and backward passes
+
+        async def generate():
+            await run.rollout(0)
+
+        while_training = await core_use_while(generating, train)
+        while_generating = await core_use_while([trainer["pid"]], generate)
+        print(f"cores used: generator {while_training:.3f} while the trainer ran, "
+              f"trainer {while_generating:.3f} while the generator ran")  # fmt: skip
+        assert while_training < 0.05
+        assert while_generating < 0.05
+    finally:
+        await run.close()
+
+
+async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
+    tmp_path, monkeypatch
+):
+    cache = tmp_path / "calibration.json"
+    monkeypatch.setattr(calibration, "cache_path", lambda: cache)
+    run = await start(tmp_path / "first", "placement=auto")
+    try:
+        pipeline = json.loads((run.run_dir / "pipeline.json").read_text())
+        key = calibration.cache_key(run, len(ALL))
+        costs = calibration.load(key)
+        assert costs is not None and set(costs.generate_s) == set(costs.train_s) == {1, 2}
+        options = predict(costs, len(ALL), run.cfg.mode, run.cfg.buffer.max_policy_age, True)
+        assert pipeline["chosen"] == vars(fastest(options))
+        assert run.turns.enabled == (pipeline["chosen"]["placement"] == "colocated")
+        await run.steps(4)  # the measured figure joins the prediction after the 4th step
+        measured = json.loads((run.run_dir / "pipeline.json").read_text())
+        assert measured["measured_s_per_step"] > 0
+    finally:
+        await run.close()
+
+    # Costs under which a split wins (async: the phases overlap, and cores do not help),
+    # cached: the next run reads them and moves its processes.
+    flat = dict.fromkeys(calibration.core_counts(len(ALL)), 1.0)
+    calibration.save(key, PhaseCosts(flat, flat, dict.fromkeys(flat, 0.0), 0.0))
+    run = await start(tmp_path / "second", "placement=auto", "mode=async")
+    try:
+        trainer_cores = len(ALL) - 1  # ties go to the first split: one generator core
+        assert run.prediction.label == f"split 1+{trainer_cores}" and not run.turns.enabled
+        trainer = await run.call_trainer("cores")
+        [generator] = await run.generator.cores.fanout()
+        assert (trainer["cpus"], trainer["threads"]) == (ALL[:trainer_cores], trainer_cores)
+        assert generator["cpus"] == generator["engine"]["cpus"] == ALL[trainer_cores:]
+        assert generator["engine"]["threads"] == 1
+        await run.steps(1)  # trains on the split
+    finally:
+        await run.close()
