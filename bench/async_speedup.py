@@ -44,7 +44,8 @@ async def run(config: str, mode: str, steps: int, overrides: list[str]) -> list[
 
 
 async def main(args: argparse.Namespace) -> None:
-    overrides = ["trainer.exact_mismatch=false", *args.overrides]
+    # One placement for both modes (auto could pick another for each): the config's split.
+    overrides = ["placement=split", "trainer.exact_mismatch=false", *args.overrides]
     sync = await run(args.config, "sync", args.steps, overrides)
     asynchronous = await run(args.config, "async", args.steps, overrides)
     t_gen = statistics.median(s["rollout/batch_s"] for s in sync[1:])

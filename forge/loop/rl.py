@@ -130,8 +130,10 @@ class RLLoop(Run):
         first cores and the generator the rest, and ends the turns."""
         if chosen.placement == "colocated":
             return
-        await self.call_trainer("use_cores", cpus[: chosen.trainer_cores])
-        await self.generator.use_cores.fanout(cpus[chosen.trainer_cores :])
+        t = chosen.trainer_cores
+        self.cores = {"trainer": cpus[:t], "generator": cpus[t:]}  # respawns move there too
+        await self.call_trainer("use_cores", self.cores["trainer"])
+        await self.generator.use_cores.fanout(self.cores["generator"])
         self.turns.enabled = False
 
     def _report_measured(self) -> None:

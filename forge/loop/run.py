@@ -60,6 +60,8 @@ class Run:
         self.trainer_restarts = 0
         self.checkpointed = 0  # the step of the newest checkpoint
         self.evaluator: Evaluator | None = None
+        # Cores generator and trainer were moved to after they started (auto placement).
+        self.cores: dict[str, list[int]] | None = None
 
     # --- start --------------------------------------------------------------------------------
 
@@ -96,8 +98,7 @@ class Run:
             self.spawn_trainer(),
             RewardActor.as_service(cfg.reward),
         )
-        # A respawned generator replica catches up to the newest weights before taking traffic.
-        self.generator.on_recover = lambda actor: actor.load_latest.call()
+        self.generator.on_recover = self.recover_generator
         sources = [self.generator, self.trainer, self.reward, *await self.start_services()]
         # Which hosts each role's processes landed on, for the user (and tests) to check.
         placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
@@ -131,6 +132,13 @@ class Run:
             if not resumed:
                 self.evaluator.start(0, self.version)  # the starting point, to compare against
         return self
+
+    async def recover_generator(self, actor: Any) -> None:
+        """A respawned generator replica catches up to the newest weights, and to the cores
+        its placement moved it to, before taking traffic."""
+        await actor.load_latest.call()
+        if self.cores is not None:
+            await actor.use_cores.call(self.cores["generator"])
 
     async def spawn_trainer(self) -> Any:
         """The trainer's processes; it loads the newest checkpoint of its folder in setup."""
@@ -258,6 +266,8 @@ class Run:
         old = self.trainer
         await get_provisioner().stop_actor(old)
         self.trainer = await self.spawn_trainer()
+        if self.cores is not None:
+            await self.call_trainer("use_cores", self.cores["trainer"])
         self.logger.sources = [self.trainer if s is old else s for s in self.logger.sources]
         self.version = self.checkpointed = await self.call_trainer("get_step")
         await self.sync_generators()

@@ -1,7 +1,8 @@
 """The GRPO app end to end, through `python -m forge run`, on real processes and vLLM.
 
 Tiny-model runs check the machinery (sync == async at max_policy_age 0, split and colocated;
-surviving a killed generator); test_learning.py checks that GRPO on SmolLM2 learns the task `make grpo` trains on.
+surviving a killed generator); test_learning.py checks that GRPO on SmolLM2 learns the task
+`make grpo` trains on.
 """
 
 import re

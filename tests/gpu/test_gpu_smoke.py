@@ -1,5 +1,6 @@
-"""GRPO on one CUDA GPU: the tiny config for a few steps, generator and trainer sharing the
-device, both in bfloat16, the trainer on NCCL (what it picks wherever CUDA is available).
+"""GRPO on one CUDA GPU: the tiny config for a few steps, generator and trainer colocated on
+the device (without vLLM's sleep mode: vLLM keeps 0.3 of the memory), both in bfloat16, the
+trainer on NCCL (what it picks wherever CUDA is available).
 
 The smoke test is marked `gpu`: where torch sees no GPU it is skipped with the reason
 (tests/helper_skips.py), and CI's skip guard lets it. Its overrides are loaded through the
@@ -15,7 +16,7 @@ from helper_runs import finish, forge_run, metrics
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.loop.plan import plan_run
+from forge.loop.plan import ClusterShape, plan_run
 
 ROOT = Path(__file__).parents[2]
 TINY = "configs/grpo/tiny_cpu.yaml"
@@ -25,10 +26,11 @@ OVERRIDES = (
     "export_hf=false",
     # Varies across a random model's samples, so every step has a gradient to apply.
     "reward.functions=[helper_rewards:vowel_fraction]",
-    # The Provisioner gives each `with_gpus` process GPUs of its own, so two roles cannot both
-    # ask for the one GPU. With no GPU to hand out, it fences no process off the device: the
-    # generator (vLLM's CUDA build) and the trainer (torch.cuda.is_available()) both use it.
-    "provisioner.gpus_per_host=0",
+    # Colocated: generator and trainer share the device group (here the trainer's one GPU),
+    # each process seeing it as its CUDA_VISIBLE_DEVICES, taking turns.
+    "placement=colocated",
+    "generator_resources.with_gpus=true",
+    "trainer_resources.with_gpus=true",
     "generator.dtype=bfloat16",
     "trainer.dtype=bfloat16",
     # vLLM refuses to start unless this share of the device is free; the rest is the trainer's.
@@ -39,12 +41,13 @@ OVERRIDES = (
 def test_smoke_overrides_load_onto_the_grpo_config():
     schema = load_app(ROOT / "apps" / "grpo" / "main.py")[1]
     cfg = load_config(schema, ROOT / TINY, ["run_dir=runs/gpu-smoke", *OVERRIDES])
-    assert cfg.steps == STEPS and cfg.provisioner.gpus_per_host == 0
+    assert cfg.steps == STEPS and cfg.placement == "colocated"
     assert (cfg.generator.dtype, cfg.trainer.dtype) == ("bfloat16", "bfloat16")
     assert cfg.generator.gpu_memory_utilization == 0.3
     assert cfg.reward.functions == ["helper_rewards:vowel_fraction"]
-    assert not (cfg.generator_resources.with_gpus or cfg.trainer_resources.with_gpus)
-    plan_run(cfg)  # the placement check Run.start makes first: the roles fit on 0 GPUs
+    plan = plan_run(cfg, ClusterShape(hosts=1, gpus_per_host=1, cpus_per_host=2))
+    # The check Run.start makes first: both on the one GPU, each process fenced to it.
+    assert plan.of_role("trainer")[0].gpus == plan.of_role("generator")[0].gpus == ((0,),)
 
 
 @pytest.mark.gpu

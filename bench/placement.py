@@ -1,0 +1,106 @@
+"""Placement: each placement's seconds per step, measured, beside the planner's prediction.
+
+For each batch size (sequences per step) it runs the GRPO app in this process, four times,
+on the default CPU config: `placement: auto` first (it calibrates, into a calibration cache of
+this run's own, and picks), then colocated-sync, split-sync and split-async (each predicted
+from that calibration). Seconds per step are the median of steps 2-4 (the first also starts
+the pipeline). It prints one table per batch size: measured, predicted, their ratio; whether
+auto is within 5% of the fastest placement measured; and the colocated trainer's FLOP rate
+(6 x parameters x tokens / training time) against an fp32 matmul on the same cores, measured
+in this process just before that run.
+
+    python bench/placement.py [--sizes 16 64] [--config ...] [k=v ...]
+"""
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from trainer_memory import matmul_flops
+
+from forge.cli import load_app
+from forge.config import load_config
+from forge.loop import calibration
+from forge.loop.pipeline import Prediction
+from forge.models import resolve_model
+
+APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
+STEPS = 4
+PLACEMENTS = {  # name: overrides
+    "auto": ["placement=auto"],
+    "colocated-sync": ["placement=colocated", "mode=sync"],
+    "split-sync": ["placement=split", "mode=sync"],
+    "split-async": ["placement=split", "mode=async"],
+}
+
+
+async def run(config: str, name: str, overrides: list[str]) -> dict:
+    """One run of STEPS steps; its pipeline.json (prediction, measured) and its metrics."""
+    app_main, schema = load_app(APP)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
+    quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
+    cfg = load_config(schema, config, [*quiet, *overrides, f"steps={STEPS}", f"run_dir={run_dir}"])
+    print(f"{name}: {' '.join(overrides)} -> {run_dir}", flush=True)
+    await app_main(cfg)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {**json.loads((run_dir / "pipeline.json").read_text()), "metrics": metrics}
+
+
+def parameters(config: str) -> int:
+    from safetensors import safe_open
+
+    cfg = load_config(load_app(APP)[1], config, [])
+    total = 0
+    for file in Path(resolve_model(cfg.trainer.model)).glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
+
+
+async def size(config: str, batch: int, overrides: list[str], params: int) -> None:
+    extra = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *overrides]
+    results = {}
+    for name, placement in PLACEMENTS.items():
+        if name == "colocated-sync":
+            matmul = matmul_flops()  # this process holds the same cores the trainer will
+        results[name] = await run(config, name, [*placement, *extra])
+    print(f"\n{batch} sequences per step")
+    print(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
+    for name, r in results.items():
+        measured, predicted = r["measured_s_per_step"], r["chosen"]["seconds_per_step"]
+        label = Prediction(**r["chosen"]).label
+        print(
+            f"{name:<16}{label:<12}{measured:>9.1f}s{predicted:>10.1f}s{measured / predicted:>8.2f}"
+        )
+    fastest = min(r["measured_s_per_step"] for n, r in results.items() if n != "auto")
+    auto = results["auto"]["measured_s_per_step"]
+    print(f"auto / fastest other: {auto / fastest:.3f} (target <= 1.05)")
+    steps = results["colocated-sync"]["metrics"][1:]
+    flops = statistics.median(6 * params * s["train/tokens_per_s"] for s in steps)
+    print(
+        f"colocated trainer: {flops / 1e9:.1f} GFLOP/s = {flops / matmul:.2f} of a "
+        f"{torch.get_num_threads()}-thread fp32 matmul ({matmul / 1e9:.0f} GFLOP/s; target "
+        ">= 0.8)\n",
+        flush=True,
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
+    calibration.cache_path = lambda: cache  # auto calibrates in this run, whatever is cached
+    params = parameters(args.config)
+    for batch in args.sizes:
+        await size(args.config, batch, args.overrides, params)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,46 @@
+"""The calibration cache and the core counts it measures (forge/loop/calibration.py); the
+measurement itself runs in tests/e2e/test_colocated.py."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from forge.cli import load_app
+from forge.config import load_config
+from forge.loop import calibration
+from forge.loop.pipeline import PhaseCosts
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_of(*overrides: str) -> SimpleNamespace:
+    schema = load_app(ROOT / "apps/grpo/main.py")[1]
+    return SimpleNamespace(
+        cfg=load_config(schema, ROOT / "configs/grpo/smollm2_cpu.yaml", list(overrides))
+    )
+
+
+def test_core_counts_cover_both_sides_of_every_split_considered():
+    assert calibration.core_counts(1) == [1]
+    assert calibration.core_counts(2) == [1, 2]
+    assert calibration.core_counts(8) == [1, 2, 4, 6, 7, 8]
+    for n in (2, 3, 8, 64):
+        counts = set(calibration.core_counts(n))
+        assert all(n - c in counts for c in counts if c < n)
+
+
+def test_costs_round_trip_through_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "c" / "calibration.json")
+    costs = PhaseCosts({1: 10.0, 2: 6.5}, {1: 60.0, 2: 33.0}, {1: 2.0, 2: 1.0}, 0.9)
+    assert calibration.load("k") is None
+    calibration.save("k", costs)
+    calibration.save("other", PhaseCosts({1: 1.0}, {1: 1.0}, {1: 0.0}, 0.0))
+    assert calibration.load("k") == costs  # int core counts back from JSON's string keys
+
+
+def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
+    key = calibration.cache_key(run_of(), 2)
+    assert calibration.cache_key(run_of("steps=99", "run_dir=elsewhere"), 2) == key
+    assert calibration.cache_key(run_of(), 4) != key
+    for changed in ("buffer.batch_size=64", "generator.sampling.max_tokens=64",
+                    "trainer.micro_batch_size=4", "trainer.model=tiny-llama"):  # fmt: skip
+        assert calibration.cache_key(run_of(changed), 2) != key, changed
