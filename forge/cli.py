@@ -192,7 +192,23 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
     shape = dataclasses.replace(
         ClusterShape.of(cfg.provisioner), **{k: v for k, v in given.items() if v is not None}
     )
-    print(plan_run(cfg, shape).table())
+    plan = plan_run(cfg, shape)
+    print(plan.table())
+    if plan.group is not None and plan.group.cpus[0] and hasattr(cfg, "buffer"):
+        print(_predictions(cfg, len(plan.group.cpus[0])))
+
+
+def _predictions(cfg: Any, cores: int) -> str:
+    """The pipeline model's table for an RL config on `cores` CPU cores, from the calibration
+    cached on this machine (a run under `placement: auto` measures it)."""
+    from forge.loop import calibration
+    from forge.loop.pipeline import fastest, predict, table
+
+    costs = calibration.load(calibration.cache_key(cfg, cores))
+    if costs is None:
+        return "pipeline model: not calibrated on this machine for this workload yet"
+    options = predict(costs, cores, cfg.mode, cfg.buffer.max_policy_age, cfg.trainer.exact_mismatch)
+    return f"pipeline model (calibration cached here):\n{table(options, fastest(options))}"
 
 
 def _clean(args: argparse.Namespace, overrides: list[str]) -> None:

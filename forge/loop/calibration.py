@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from forge.loop.pipeline import PhaseCosts
 
 if TYPE_CHECKING:
+    from forge.loop.config import RLConfig
     from forge.loop.rl import RLLoop
 
 # Seeds for calibration rollouts, far from the run's (seed * 1_000_003 + group * G).
@@ -40,9 +41,8 @@ def cache_path() -> Path:
     return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser() / "calibration.json"
 
 
-def cache_key(run: "RLLoop", cores: int) -> str:
+def cache_key(c: "RLConfig", cores: int) -> str:
     """What the costs depend on: the machine, the model, and the shape of a step."""
-    c = run.cfg
     t, s = c.trainer, c.generator.sampling
     parts = (
         _cpu_model(), cores, c.generator.model, t.model, t.dtype, c.buffer.batch_size,

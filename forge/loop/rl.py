@@ -86,7 +86,7 @@ class RLLoop(Run):
         cpus = (await self.generator.cores.fanout())[0]["cpus"]
         if not self.turns.enabled:  # explicit split: the costs are for the cores of both
             cpus = sorted({*cpus, *(await self.call_trainer("cores"))["cpus"]})
-        key = calibration.cache_key(self, len(cpus))
+        key = calibration.cache_key(cfg, len(cpus))
         costs, source = calibration.load(key), "cached"
         if costs is None and auto:
             start = time.perf_counter()

@@ -86,7 +86,7 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
     run = await start(tmp_path / "first", "placement=auto")
     try:
         pipeline = json.loads((run.run_dir / "pipeline.json").read_text())
-        key = calibration.cache_key(run, len(ALL))
+        key = calibration.cache_key(run.cfg, len(ALL))
         costs = calibration.load(key)
         assert costs is not None and set(costs.generate_s) == set(costs.train_s) == {1, 2}
         options = predict(costs, len(ALL), run.cfg.mode, run.cfg.buffer.max_policy_age, True)

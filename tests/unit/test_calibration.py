@@ -2,7 +2,6 @@
 measurement itself runs in tests/e2e/test_colocated.py."""
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -12,11 +11,9 @@ from forge.loop.pipeline import PhaseCosts
 ROOT = Path(__file__).parents[2]
 
 
-def run_of(*overrides: str) -> SimpleNamespace:
+def config(*overrides: str):
     schema = load_app(ROOT / "apps/grpo/main.py")[1]
-    return SimpleNamespace(
-        cfg=load_config(schema, ROOT / "configs/grpo/smollm2_cpu.yaml", list(overrides))
-    )
+    return load_config(schema, ROOT / "configs/grpo/smollm2_cpu.yaml", list(overrides))
 
 
 def test_core_counts_cover_both_sides_of_every_split_considered():
@@ -38,9 +35,9 @@ def test_costs_round_trip_through_the_cache(tmp_path, monkeypatch):
 
 
 def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
-    key = calibration.cache_key(run_of(), 2)
-    assert calibration.cache_key(run_of("steps=99", "run_dir=elsewhere"), 2) == key
-    assert calibration.cache_key(run_of(), 4) != key
+    key = calibration.cache_key(config(), 2)
+    assert calibration.cache_key(config("steps=99", "run_dir=elsewhere"), 2) == key
+    assert calibration.cache_key(config(), 4) != key
     for changed in ("buffer.batch_size=64", "generator.sampling.max_tokens=64",
                     "trainer.micro_batch_size=4", "trainer.model=tiny-llama"):  # fmt: skip
-        assert calibration.cache_key(run_of(changed), 2) != key, changed
+        assert calibration.cache_key(config(changed), 2) != key, changed

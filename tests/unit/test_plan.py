@@ -362,3 +362,25 @@ def test_forge_plan_refuses_an_impossible_config_with_one_line(capsys):
         "forge: config error: trainer_resources 2 + generator_resources 1 = 3 cores > the "
         "cluster's 2 (1 hosts x 2; provisioner.hosts): the meshes would overlap\n"
     )
+
+
+def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
+    capsys, tmp_path, monkeypatch
+):
+    from forge.loop import calibration
+    from forge.loop.pipeline import PhaseCosts
+
+    monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "calibration.json")
+    cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
+    shape = ["--hosts=1", "--gpus-per-host=0", "--cpus-per-host=2"]
+    main(["plan", GRPO, "--config", cpu, *shape])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "pipeline model: not calibrated on this machine for this workload yet"
+    )
+    costs = PhaseCosts({1: 2.0, 2: 1.5}, {1: 20.0, 2: 11.0}, {1: 0.0, 2: 0.0}, 0.5)
+    calibration.save(calibration.cache_key(config("grpo/smollm2_cpu"), 2), costs)
+    main(["plan", GRPO, "--config", cpu, *shape])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3] == "pipeline model (calibration cached here):"
+    assert lines[-2].split() == ["*", "colocated", "13.0", "s/step", "policy", "age", "0.5"]
+    assert lines[-1].split()[:4] == ["split", "1+1", "20.5", "s/step"]
