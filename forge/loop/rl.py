@@ -86,15 +86,7 @@ class RLLoop(Run):
         cpus = (await self.generator.cores.fanout())[0]["cpus"]
         if not self.turns.enabled:  # explicit split: the costs are for the cores of both
             cpus = sorted({*cpus, *(await self.call_trainer("cores"))["cpus"]})
-        key = calibration.cache_key(cfg, len(cpus))
-        costs, source = calibration.load(key), "cached"
-        if costs is None and auto:
-            start = time.perf_counter()
-            say(f"placement auto: calibrating on {len(cpus)} cores (cached once measured)")
-            costs = await calibration.measure(self, cpus)
-            calibration.save(key, costs)
-            await self.logger.discard()  # the calibration's rollouts belong to no step
-            source = f"calibrated in {time.perf_counter() - start:.0f}s"
+        costs, source = await self._phase_costs(cpus, measure=auto)
         if costs is None:
             return
         exact = cfg.trainer.exact_mismatch
@@ -115,6 +107,20 @@ class RLLoop(Run):
                 "chosen": vars(self.prediction),
             }
         )
+
+    async def _phase_costs(self, cpus: list[int], measure: bool) -> tuple[Any, str]:
+        """The cached costs on `cpus`, else (if `measure`) measured now and cached; and
+        where they came from."""
+        key = calibration.cache_key(self.cfg, len(cpus))
+        costs = calibration.load(key)
+        if costs is not None or not measure:
+            return costs, "cached"
+        start = time.perf_counter()
+        say(f"placement auto: calibrating on {len(cpus)} cores (cached once measured)")
+        costs = await calibration.measure(self, cpus)
+        calibration.save(key, costs)
+        await self.logger.discard()  # the calibration's rollouts belong to no step
+        return costs, f"calibrated in {time.perf_counter() - start:.0f}s"
 
     def _configured(self, options: list[Prediction]) -> Prediction | None:
         """The prediction of the placement the config sets, if the model covers it."""
