@@ -469,10 +469,12 @@ class TitanTrainer(ForgeActor):
 
     @contextlib.contextmanager
     def _weights(self, snapshot: list[torch.Tensor]) -> Iterator[None]:
-        """Runs the block on `snapshot`'s parameter values, then puts the current ones back.
+        """Runs the block on `snapshot`'s parameter values, then puts the current ones back
+        (`snapshot` holds them meanwhile).
 
-        The values are swapped in place, one tensor of scratch at a time (`snapshot` holds the
-        current ones meanwhile): a second copy of the whole model would raise the step's peak.
+        A plain module's parameters are pointed at the snapshot's storage; FSDP's values are
+        swapped in place, one tensor of scratch at a time: a second copy of the whole model
+        would raise the step's peak.
         """
         self._swap(snapshot)
         try:
@@ -481,7 +483,16 @@ class TitanTrainer(ForgeActor):
             self._swap(snapshot)
 
     def _swap(self, snapshot: list[torch.Tensor]) -> None:
-        for param, other in zip(self._sharded_parameters(), snapshot, strict=True):
+        from torch.distributed.fsdp import FSDPModule
+
+        params = self._sharded_parameters()
+        if not isinstance(self.model, FSDPModule):
+            # A plain module's parameters can point at other storage: nothing is copied.
+            for i, param in enumerate(params):
+                param.data, snapshot[i] = snapshot[i], param.data
+            return
+        # FSDP keeps its own views of the sharded storage: the values move instead.
+        for param, other in zip(params, snapshot, strict=True):
             param = param.detach()
             scratch = param.clone()
             param.copy_(other)

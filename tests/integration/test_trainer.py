@@ -94,6 +94,36 @@ async def test_fsdp_over_two_processes_equals_one_process(tmp_path, cleanup):
     assert moved > 5e-6 and worst < 1e-5
 
 
+@pytest.mark.parametrize("procs", [1, 2], ids=["plain module", "FSDP"])
+async def test_one_version_old_tokens_are_scored_under_the_weights_that_sampled_them(
+    tmp_path, cleanup, procs
+):
+    cfgs = {
+        "measured": trainer_config(tmp_path, "m", exact_mismatch_sample=1.0),
+        "unmeasured": trainer_config(tmp_path, "u", exact_mismatch=False),
+    }
+    trainers = {k: await TitanTrainer.options(procs=procs).as_actor(c) for k, c in cfgs.items()}
+    # Both batches scored by the starting weights (version 0): the second is trained one
+    # version later, as async training does.
+    first = await on_policy(trainers["measured"], episodes(8, seed=0))
+    stale = await on_policy(trainers["measured"], episodes(8, seed=1))
+
+    def ranks(batch):
+        return [batch[:4], batch[4:]] if procs == 2 else [batch]
+
+    steps = {}
+    for name, trainer in trainers.items():
+        await trainer.train_step.call(ranks(first), policy_version=0)
+        steps[name] = (await trainer.train_step.call(ranks(stale), policy_version=1)).item(procs=0)
+    measured = steps["measured"]
+    assert measured["mismatch_previous_sampled"] == 1.0
+    assert measured["mismatch_kl"] < 1e-9  # under the weights that scored them: no mismatch
+    assert measured["policy_drift_kl"] > 1e-4  # under the current ones: they moved
+    # The step itself ran on the current weights, put back after the measurement.
+    for key in ("loss", "grad_norm"):
+        assert measured[key] == pytest.approx(steps["unmeasured"][key], rel=1e-6), key
+
+
 async def test_background_checkpoint_kill_resume_gives_the_same_next_step(tmp_path, cleanup):
     cfg = trainer_config(tmp_path, checkpoint=CheckpointConfig(folder=str(tmp_path / "ckpt")))
     b1, b2, b3 = episodes(seed=1), episodes(seed=2), episodes(seed=3)
