@@ -5,8 +5,9 @@ With generator and trainer colocated on `n` cores, for each core count c the pip
 may use (`core_counts`): the generator is moved onto c cores and makes one batch of rollouts
 (the run's prompts and sampling, seeds of their own; thrown away after), and the trainer,
 moved onto c cores, times a few micro-batches of that batch forward and backward
-(`TitanTrainer.calibrate`, scaled to the whole batch). Weight sync is estimated from one
-publish of the current weights. About a minute on 2 cores at 64 sequences; free when cached.
+(`TitanTrainer.calibrate`, scaled to the whole batch). The weight sync is one real sync, to
+a scratch version of the same weights and back. About a minute on 2 cores at 16 sequences a
+step; nothing when cached.
 """
 
 import asyncio
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
 
 # Seeds for calibration rollouts, far from the run's (seed * 1_000_003 + group * G).
 SEED_BASE = 2**40
-# Publishing a version is about a third of a sync: the generator's fetch and its engine's
-# swap take the rest (bench/weight_sync.py: publish + fetch 0.24-0.28 s, swap 0.6-0.7 s).
-SYNC_PER_PUBLISH = 3.0
 
 
 def core_counts(n: int) -> list[int]:
@@ -97,9 +95,12 @@ async def measure(run: "RLLoop", cpus: list[int]) -> PhaseCosts:
         costs = await run.call_trainer("calibrate", batches)
         train[c], stale[c] = costs["train_s"], costs["stale_s"]
     await run.call_trainer("use_cores", cpus)
+    # One real sync, to a scratch version of the same weights, then back to the run's own.
     start = time.perf_counter()
-    await run.call_trainer("push_weights", run.version)
-    sync = (time.perf_counter() - start) * SYNC_PER_PUBLISH
+    await run.call_trainer("push_weights", run.version + 1)
+    await run.generator.update_weights.fanout(run.version + 1)
+    sync = time.perf_counter() - start
+    await run.sync_generators()  # also deletes the scratch version
     return PhaseCosts(generate, train, stale, sync)
 
 
