@@ -271,7 +271,7 @@ class TitanTrainer(ForgeActor):
         return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)), "threads": threads}
 
     @endpoint
-    async def calibrate(self, batches: list[list[Episode]], micro_batches: int = 2) -> dict:
+    async def calibrate(self, batches: list[list[Episode]], micro_batches: int = 3) -> dict:
         """Times `micro_batches` forward and backward passes of `batches[rank]` (and forward
         passes alone), and scales them to the whole batch by padded tokens.
 
@@ -287,6 +287,9 @@ class TitanTrainer(ForgeActor):
         # Spread over the length-sorted micro-batches; the shortest first, untimed, warms up.
         picked = sorted({round(i * (len(micro) - 1) / max(count - 1, 1)) for i in range(count)})
         self._forward(micro[0])[1].backward()
+        # Then as a step starts: no gradients, and a heap whose free pages went back.
+        self.optimizer.zero_grad(set_to_none=True)
+        release_free_heap()
         start = time.perf_counter()
         for i in picked:
             self._forward(micro[i])[1].backward()
