@@ -7,7 +7,7 @@ from that calibration). Seconds per step are the median of steps 2-4 (the first 
 the pipeline). It prints one table per batch size: measured, predicted, their ratio; whether
 auto is within 5% of the fastest placement measured; and the colocated trainer's FLOP rate
 (6 x parameters x tokens / training time) against an fp32 matmul on the same cores, measured
-in this process just before that run.
+in this process just before and just after that run (their mean).
 
     python bench/placement.py [--sizes 16 64] [--config ...] [k=v ...]
 """
@@ -67,8 +67,10 @@ async def size(config: str, batch: int, overrides: list[str], params: int) -> No
     results = {}
     for name, placement in PLACEMENTS.items():
         if name == "colocated-sync":
-            matmul = matmul_flops()  # this process holds the same cores the trainer will
+            before = matmul_flops()  # this process holds the same cores the trainer will
         results[name] = await run(config, name, [*placement, *extra])
+        if name == "colocated-sync":
+            matmul = (before + matmul_flops()) / 2  # the machine's rate drifts: both sides
     print(f"\n{batch} sequences per step")
     print(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
     for name, r in results.items():
