@@ -261,6 +261,10 @@ ACTOR = {  # the actor class each role's mesh runs
     [
         ("grpo/smollm2_cpu", ["provisioner.cpus_per_host=2"]),
         ("grpo/qwen3_slurm", ["provisioner.cpus_per_host=64"]),
+        (
+            "grpo/qwen3_gpu",
+            ["placement=colocated", "provisioner.gpus_per_host=8", "provisioner.cpus_per_host=64"],
+        ),
         ("sft/tiny_cpu", ["provisioner.cpus_per_host=2"]),
         (
             "distillation/tiny_cpu",
