@@ -150,6 +150,16 @@ class AdmissionGate:
             raise ValueError(f"restore({buffered}): expected buffered >= 0")
         self._buffered = buffered
 
+    def lower_max_policy_age(self, max_policy_age: int) -> None:
+        """Lowers A (never raises it) before rollouts start; samples already counted stay, and
+        new groups wait until they fit under the lower limit."""
+        if not 0 <= max_policy_age <= self._max_policy_age:
+            raise ValueError(
+                f"lower_max_policy_age({max_policy_age}): expected 0 <= A <= {self._max_policy_age}"
+            )
+        self._max_policy_age = max_policy_age
+        self._check_progress()
+
     def started(self, n: int) -> None:
         """Counts `n` more samples in flight. `admit`/`try_admit` do it for their group; call
         it only for samples started without them."""

@@ -3,9 +3,8 @@
 A step of an RL run has two phases, generating a batch (rollouts: generate and score) and
 training on it (then moving the generators to the new weights). With `cores` devices:
 
-- colocated: both phases use all of them, taking turns: G(n) + T(n) + S. In async mode the
-  turns let generation run up to max_policy_age + 1 batches ahead in one go; a batch of each
-  round is one version old when trained, and its exact mismatch pass adds X(n) / (age + 1).
+- colocated: both phases use all of them, taking turns: G(n) + T(n) + S, in either mode (async
+  holds generation to the next batch: running further ahead would overlap nothing).
 - split g + (n - g): the generator gets g cores, the trainer the rest. In sync mode the phases
   still alternate: G(g) + T(n - g) + S. In async mode (max_policy_age >= 1) they overlap, and
   the slower side sets the pace: max(G(g), T(n - g) + X(n - g) + S), where X is the exact
@@ -61,10 +60,7 @@ def predict(
     overlap = mode == "async" and max_policy_age >= 1
     stale = exact_mismatch and overlap
     colocated = costs.generate_s[cores] + costs.train_s[cores] + costs.sync_s
-    if stale:
-        colocated += costs.stale_s[cores] / (max_policy_age + 1)
-    age = max_policy_age / 2 if overlap else 0.0
-    predictions = [Prediction("colocated", cores, cores, colocated, age)]
+    predictions = [Prediction("colocated", cores, cores, colocated, 0.0)]
     for g in range(1, cores):
         t = cores - g
         if g not in costs.generate_s or t not in costs.train_s:

@@ -69,6 +69,10 @@ class RLLoop(Run):
     async def start(self) -> "RLLoop":
         await super().start()
         await self.fit_placement()
+        if self.turns.enabled and self.cfg.mode == "async":
+            # Colocated phases take turns: generating further ahead than the next batch would
+            # overlap nothing and only make the data older. Async runs as sync does.
+            self.gate.lower_max_policy_age(0)
         return self
 
     async def fit_placement(self) -> None:

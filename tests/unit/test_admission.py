@@ -222,3 +222,13 @@ async def test_gate_alone_bounds_the_policy_age_of_every_trained_episode(
 async def test_reporting_consumption_when_the_batch_is_taken_breaks_the_bound():
     ages, _ = await simulate(0, 8, 4, seed=0, report_when_taken=True)
     assert max(ages) > 0  # sync mode, yet the trainer saw data from an older policy
+
+
+def test_lowering_the_age_shrinks_the_limit_and_never_raises_it():
+    gate = AdmissionGate(batch_size=8, max_policy_age=1, group_size=4)
+    assert gate.limit == 16
+    gate.lower_max_policy_age(0)  # colocated placement: one batch ahead
+    assert gate.limit == 8
+    assert gate.try_admit() and gate.try_admit() and not gate.try_admit()
+    with pytest.raises(ValueError, match="expected 0 <= A <= 0"):
+        gate.lower_max_policy_age(1)

@@ -42,11 +42,13 @@ def test_async_split_runs_at_the_slower_side_and_pays_the_stale_pass():
     assert trained["split 1+1"].policy_age == 2.0  # training-bound: the buffer runs ahead
 
 
-def test_async_colocated_pays_the_stale_pass_on_one_batch_of_each_round():
-    p = by_label(predict(TRAINING_BOUND, 2, "async", 1, exact_mismatch=True))
-    assert p["colocated"].seconds_per_step == 6.0 + 34.0 + 1.0 + 2.0 / 2
-    without = by_label(predict(TRAINING_BOUND, 2, "async", 1, exact_mismatch=False))
-    assert without["colocated"].seconds_per_step == 6.0 + 34.0 + 1.0
+def test_colocated_costs_the_same_in_both_modes_and_is_never_stale():
+    sync, asynchronous = (
+        by_label(predict(TRAINING_BOUND, 2, mode, 1, exact_mismatch=True))["colocated"]
+        for mode in ("sync", "async")
+    )
+    assert sync.seconds_per_step == asynchronous.seconds_per_step == 6.0 + 34.0 + 1.0
+    assert asynchronous.policy_age == 0.0
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -386,5 +386,5 @@ def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
     main(["plan", GRPO, "--config", cpu, *shape])
     lines = capsys.readouterr().out.splitlines()
     assert lines[-3] == "pipeline model (calibration cached here):"
-    assert lines[-2].split() == ["*", "colocated", "13.0", "s/step", "policy", "age", "0.5"]
+    assert lines[-2].split() == ["*", "colocated", "13.0", "s/step", "policy", "age", "0.0"]
     assert lines[-1].split()[:4] == ["split", "1+1", "20.5", "s/step"]
