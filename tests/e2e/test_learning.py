@@ -43,10 +43,11 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2(placement, tmp_path):
     with generator and trainer taking turns on both cores, and on a core each.
 
     Measured: the base model's held-out greedy reward on these 64 rows is 0.6875 (greedy on
-    fixed rows: the same every run); runs scored 0.8125 after 4 async steps, 0.89 after 8 and
-    0.875 after 12 (~37 s a step: the trainer, at ~30 tokens/s on one core, sets the pace).
-    The test trains 8 steps and asks for a gain of 0.1, about half the measured one; the format
-    reward stays 0 this early, so the gain is right answers (reasoning-gym score).
+    fixed rows: the same every run). Split runs scored 0.8125 after 4 async steps, 0.89 after 8
+    (twice) and 0.875 after 12; a colocated run 0.78 after 8 (with the other test worker busy,
+    its steps took 25-50 s, a split run's 20-30 s). The test trains 8 steps and asks for a gain
+    of 0.05, three more right answers of 64 and about half the smallest gain measured; the
+    format reward stays 0 this early, so the gain is right answers (reasoning-gym score).
     """
     run_dir = tmp_path / "learn"
     overrides = (
@@ -66,7 +67,7 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2(placement, tmp_path):
     rewards = [r["reward"] for r in evals(run_dir, "reward")]
     base, last = rewards[0], rewards[-1]
     print(f"held-out greedy reward: base {base:.3f}, after 8 steps {last:.3f}")
-    assert last > base + 0.1
+    assert last > base + 0.05
     assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
     for record in trained(run_dir):
         ages = [record["trainer_version"] - v for v in record["policy_versions"]]
