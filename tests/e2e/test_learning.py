@@ -1,15 +1,16 @@
 """SmolLM2-135M learns, through `python -m forge run`, with the shipped CPU configs cut short:
-GRPO (one-digit additions), SFT (answers in tags) and distillation (of that SFT model).
+SFT (answers in tags) and distillation (of that SFT model); GRPO is test_learning_grpo.py's.
 
 One file, so that one test worker runs them one after another (`make test` distributes files
-with --dist loadfile): each holds both cores (colocated) or one each (split), and the SFT run
-is the distillation test's teacher.
+with --dist loadfile): the SFT run is the distillation test's teacher. Both run split, a core
+each: with the other test worker busy, two-thread colocated processes oversubscribe the
+cores (measured in CI: the SFT run took 684 s colocated, 458 s split).
 """
 
 from pathlib import Path
 
 import pytest
-from helper_runs import evals, finish, forge_run, metrics, trained
+from helper_runs import evals, finish, forge_run, metrics
 
 # Each run may take 20 minutes when the other test worker is busy too.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
@@ -25,6 +26,7 @@ def sft_smollm2(tmp_path_factory) -> Path:
     the SFT learning test reads it, and the distillation learning test distils it."""
     run_dir = tmp_path_factory.mktemp("sft") / "learn"
     overrides = (
+        "placement=split",
         f"steps={SFT_STEPS}",
         f"eval.interval={SFT_STEPS}",
         "trainer.checkpoint.folder=null",
@@ -35,43 +37,6 @@ def sft_smollm2(tmp_path_factory) -> Path:
         RUN_TIMEOUT_S,
     )
     return run_dir
-
-
-@pytest.mark.parametrize("placement", ["colocated", "split"])
-def test_async_grpo_learns_one_digit_additions_on_smollm2(placement, tmp_path):
-    """SmolLM2-135M, `make grpo`'s config (reasoning-gym score + 0.2 x format), fewer steps,
-    with generator and trainer taking turns on both cores, and on a core each.
-
-    Measured: the base model's held-out greedy reward on these 64 rows is 0.6875 (greedy on
-    fixed rows: the same every run). Split runs scored 0.8125 after 4 async steps, 0.89 after 8
-    (twice) and 0.875 after 12; a colocated run 0.78 after 8 (with the other test worker busy,
-    its steps took 25-50 s, a split run's 20-30 s). The test trains 8 steps and asks for a gain
-    of 0.05, three more right answers of 64 and about half the smallest gain measured; the
-    format reward stays 0 this early, so the gain is right answers (reasoning-gym score).
-    """
-    run_dir = tmp_path / "learn"
-    overrides = (
-        f"placement={placement}",
-        "steps=8",
-        "trainer.optimizer.lr=2e-5",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
-        "eval.interval=8",
-    )
-    finish(
-        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
-        run_dir,
-        RUN_TIMEOUT_S,
-    )
-    steps = metrics(run_dir)
-    rewards = [r["reward"] for r in evals(run_dir, "reward")]
-    base, last = rewards[0], rewards[-1]
-    print(f"held-out greedy reward: base {base:.3f}, after 8 steps {last:.3f}")
-    assert last > base + 0.05
-    assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
-    for record in trained(run_dir):
-        ages = [record["trainer_version"] - v for v in record["policy_versions"]]
-        assert max(ages) <= 1, record
 
 
 def test_sft_lowers_held_out_loss_and_raises_held_out_score_on_smollm2(sft_smollm2):
@@ -110,6 +75,7 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
     """
     run_dir = tmp_path / "learn"
     overrides = (
+        "placement=split",
         f"steps={DISTILL_STEPS}",
         f"teacher.model={sft_smollm2 / 'hf'}",
         "trainer.checkpoint.folder=null",
@@ -125,33 +91,3 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
     assert sum(kl[-2:]) < 0.5 * sum(kl[:2])
     assert rewards[-1]["rewards"]["format"] >= 0.9
     assert rewards[-1]["reward"] > rewards[0]["reward"] + 0.5
-
-
-def test_grpo_on_a_batch_of_64_runs_in_bounded_memory(tmp_path):
-    """`make grpo`'s config with 8 prompts x 8 samples a step (the batch a TRL user starts
-    with), 5 steps: the trainer takes it 8 sequences at a time (`micro_batch_size`). One pass
-    over the 64 sequences was killed by the OOM killer at 13.9 GB before micro-batches.
-
-    Measured: peaks of 3.5, 5.1, 5.2, 5.2, 5.2 GB (from step 2 on, the previous weights are
-    kept for the exact mismatch KL: 0.54 GB). TRL's GRPOTrainer peaks at 6.3 GB on this workload.
-    """
-    run_dir = tmp_path / "batch64"
-    overrides = (
-        "placement=colocated",  # what auto picks here, without its calibration's minute
-        "steps=5",
-        "buffer.batch_size=64",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
-        "eval.interval=0",
-    )
-    finish(
-        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
-        run_dir,
-        RUN_TIMEOUT_S,
-    )
-    steps = metrics(run_dir)
-    peaks = [m["train/peak_rss_gb"] for m in steps]
-    print(f"trainer peak RSS per step (GB): {peaks}")
-    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
-    assert all(len(r["episodes"]) == 64 for r in trained(run_dir))
-    assert max(peaks) < 6.0
