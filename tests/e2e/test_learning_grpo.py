@@ -12,6 +12,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 RUN_TIMEOUT_S = 1500
 
 
+def grpo(run_dir, *overrides: str) -> list[dict]:
+    """`make grpo`'s config with `overrides`, no checkpoint or export, run to the end; its
+    metrics."""
+    quiet = ("trainer.checkpoint.folder=null", "export_hf=false")
+    config = "configs/grpo/smollm2_cpu.yaml"
+    finish(forge_run("grpo", config, run_dir, *quiet, *overrides), run_dir, RUN_TIMEOUT_S)
+    return metrics(run_dir)
+
+
 def test_async_grpo_learns_one_digit_additions_on_smollm2_colocated(tmp_path):
     """SmolLM2-135M, `make grpo`'s config (reasoning-gym score + 0.2 x format), fewer steps,
     with generator and trainer colocated, taking turns on both cores (what auto picks here).
@@ -24,20 +33,9 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2_colocated(tmp_path):
     format reward stays 0 this early, so the gain is right answers (reasoning-gym score).
     """
     run_dir = tmp_path / "learn"
-    overrides = (
-        "placement=colocated",
-        "steps=8",
-        "trainer.optimizer.lr=2e-5",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
-        "eval.interval=8",
+    steps = grpo(
+        run_dir, "placement=colocated", "steps=8", "trainer.optimizer.lr=2e-5", "eval.interval=8"
     )
-    finish(
-        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
-        run_dir,
-        RUN_TIMEOUT_S,
-    )
-    steps = metrics(run_dir)
     rewards = [r["reward"] for r in evals(run_dir, "reward")]
     base, last = rewards[0], rewards[-1]
     print(f"held-out greedy reward: base {base:.3f}, after 8 steps {last:.3f}")
@@ -57,20 +55,13 @@ def test_grpo_on_a_batch_of_64_runs_in_bounded_memory(tmp_path):
     kept for the exact mismatch KL: 0.54 GB). TRL's GRPOTrainer peaks at 6.3 GB on this workload.
     """
     run_dir = tmp_path / "batch64"
-    overrides = (
+    steps = grpo(
+        run_dir,
         "placement=split",  # a core each: split GRPO on SmolLM2 runs in CI here
         "steps=5",
         "buffer.batch_size=64",
-        "trainer.checkpoint.folder=null",
-        "export_hf=false",
         "eval.interval=0",
     )
-    finish(
-        forge_run("grpo", "configs/grpo/smollm2_cpu.yaml", run_dir, *overrides),
-        run_dir,
-        RUN_TIMEOUT_S,
-    )
-    steps = metrics(run_dir)
     peaks = [m["train/peak_rss_gb"] for m in steps]
     print(f"trainer peak RSS per step (GB): {peaks}")
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
