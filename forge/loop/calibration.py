@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forge.loop.pipeline import PhaseCosts
+from forge.models.assets import cache_root
 
 if TYPE_CHECKING:
     from forge.loop.config import RLConfig
@@ -36,7 +37,7 @@ def core_counts(n: int) -> list[int]:
 
 def cache_path() -> Path:
     """`$FORGE_CACHE/calibration.json` (default `~/.cache/forge`)."""
-    return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser() / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def cache_key(c: "RLConfig", cores: int) -> str:

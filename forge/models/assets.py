@@ -34,9 +34,14 @@ _SMOLLM2_NAMES = (DEFAULT_MODEL, f"HuggingFaceTB/{DEFAULT_MODEL}")
 _TINY_NAMES = {f"tiny-{family}": family for family in TINY_FAMILIES}
 
 
+def cache_root() -> Path:
+    """forge's cache on this machine: `$FORGE_CACHE` (default `~/.cache/forge`)."""
+    return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser()
+
+
 def models_dir() -> Path:
     """The folder that holds converted and generated checkpoints: `$FORGE_CACHE/models`."""
-    return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser() / "models"
+    return cache_root() / "models"
 
 
 def smollm2(path: str | Path | None = None) -> Path:
