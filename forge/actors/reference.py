@@ -18,7 +18,7 @@ from monarch.actor import endpoint
 
 from forge.actors.vllm_scorer import TopLogprobs, VLLMScorer, check_temperature
 from forge.controller import ForgeActor, retry_safe
-from forge.data.collate import gather_tokens, pad_sequences
+from forge.data.collate import first_position, gather_tokens, pad_sequences
 from forge.models import resolve_model, titan
 
 BACKENDS = ("titan", "vllm")
@@ -116,7 +116,9 @@ class ReferenceModel(ForgeActor):
         for start in range(0, len(pairs), self.cfg.max_batch):
             input_ids, mask = pad_sequences(pairs[start : start + self.cfg.max_batch])
             with torch.no_grad():
-                logprobs = titan.token_logprobs(self.model, input_ids, self.cfg.temperature)
+                logprobs = titan.token_logprobs(
+                    self.model, input_ids, self.cfg.temperature, first=first_position(mask)
+                )
             out.extend(gather_tokens(logprobs, mask))
         return out
 

@@ -27,7 +27,7 @@ from monarch.actor import endpoint
 from forge.actors.checkpointing import CheckpointConfig, Checkpointer
 from forge.controller import ForgeActor
 from forge.controller.placement import pin_to_cores
-from forge.data.collate import Batch, collate, gather_tokens, pad_sequences
+from forge.data.collate import Batch, collate, first_position, gather_tokens, pad_sequences
 from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, kl_k3, masked_sum
 from forge.models import resolve_model
@@ -390,12 +390,13 @@ class TitanTrainer(ForgeActor):
         input_ids = self._to_device(batch.input_ids)
         chunk, temperature = self.cfg.logits_chunk_tokens, self.cfg.temperature
         top = None
+        first = first_position(batch.mask)
         if batch.teacher_top_ids is None:
-            logprobs = token_logprobs(self.model, input_ids, temperature, chunk)
+            logprobs = token_logprobs(self.model, input_ids, temperature, chunk, first)
         else:
             candidates = self._to_device(batch.teacher_top_ids)
             logprobs, top = candidate_logprobs(
-                self.model, input_ids, candidates, temperature, chunk
+                self.model, input_ids, candidates, temperature, chunk, first
             )
         loss, metrics = self._loss(logprobs, batch, top)
         return logprobs, loss, metrics
@@ -465,6 +466,7 @@ class TitanTrainer(ForgeActor):
                     self._to_device(batch.input_ids),
                     self.cfg.temperature,
                     self.cfg.logits_chunk_tokens,
+                    first_position(batch.mask),
                 )
                 behaviour = self._to_device(batch.behaviour_logprobs)
                 kl["previous"] += float(part.sum())
@@ -589,6 +591,7 @@ class TitanTrainer(ForgeActor):
                     self._to_device(input_ids),
                     self.cfg.temperature,
                     self.cfg.logits_chunk_tokens,
+                    first_position(mask),
                 )
             out.extend(gather_tokens(logprobs.cpu(), mask))
         return out

@@ -53,6 +53,13 @@ def pad_sequences(
     return input_ids, mask
 
 
+def first_position(mask: torch.Tensor) -> int:
+    """The first position any row's mask covers (0 if none does): the positions before it
+    need no logits."""
+    covered = mask.any(dim=0).nonzero()
+    return int(covered[0]) if len(covered) else 0
+
+
 def scatter_tokens(
     values: list[list], mask: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:

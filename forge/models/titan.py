@@ -190,14 +190,16 @@ def token_logprobs(
     input_ids: torch.Tensor,
     temperature: float = 1.0,
     chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    first: int = 0,
 ) -> torch.Tensor:
     """log p(input_ids[:, j+1] | input_ids[:, :j+1]) for every position j: shape [B, T-1].
 
     Logits are divided by `temperature` first, as the generator samples. They are computed
-    `chunk_tokens` at a time from the final hidden states, and recomputed in the backward pass:
-    no [B, T, vocab] tensor ever exists.
+    `chunk_tokens` at a time from the final hidden states, and, when there is more than one
+    chunk, recomputed in the backward pass: no [B, T, vocab] tensor ever exists. Positions
+    before `first` (e.g. every row's prompt) get no logits, and 0 in the output.
     """
-    (actual,) = _over_chunks(module, input_ids, temperature, chunk_tokens, _actual)
+    (actual,) = _over_chunks(module, input_ids, temperature, chunk_tokens, first, _actual)
     return actual
 
 
@@ -207,6 +209,7 @@ def candidate_logprobs(
     candidates: torch.Tensor,
     temperature: float = 1.0,
     chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    first: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs`, and log p(c | input_ids[:, :j+1]) of each candidate token c.
 
@@ -217,7 +220,7 @@ def candidate_logprobs(
         ([B, T-1] logprobs of the actual next tokens, [B, T-1, k] logprobs of the candidates).
     """
     actual, chosen = _over_chunks(
-        module, input_ids, temperature, chunk_tokens, _with_candidates, candidates
+        module, input_ids, temperature, chunk_tokens, first, _with_candidates, candidates
     )
     return actual, chosen
 
@@ -237,7 +240,7 @@ def top_logprobs(
         logprobs, most likely first).
     """
     actual, ids, values = _over_chunks(
-        module, input_ids, temperature, chunk_tokens, partial(_with_top, k=k)
+        module, input_ids, temperature, chunk_tokens, 0, partial(_with_top, k=k)
     )
     return actual, ids, values
 
@@ -247,17 +250,22 @@ def _over_chunks(
     input_ids: torch.Tensor,
     temperature: float,
     chunk_tokens: int,
+    first: int,
     per_chunk: Any,
     *per_position: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Runs the model up to its final norm once, then `per_chunk(logits, targets, *slices)` on
-    the tempered logits of a few positions at a time; concatenates the outputs along T-1.
+    the tempered logits of a few positions at a time, from position `first` on; concatenates
+    the outputs along T-1, zeros for the positions before `first`.
 
-    With gradients on, each chunk is checkpointed: its logits are recomputed in the backward
-    pass instead of kept, so memory holds one chunk's logits, not the batch's.
+    With gradients on and more than one chunk, each chunk is checkpointed: its logits are
+    recomputed in the backward pass instead of kept, so memory holds one chunk's logits, not
+    the batch's. A single chunk is not: recomputing it would cost a pass over the vocabulary
+    and save no peak memory, since its backward runs first.
     """
-    hidden = _final_hidden(module, input_ids)[:, :-1]
-    targets = input_ids[:, 1:]
+    hidden = _final_hidden(module, input_ids)[:, first:-1]
+    targets = input_ids[:, first + 1 :]
+    per_position = tuple(t[:, first:] for t in per_position)
     positions = hidden.shape[1]
     count = max(1, math.ceil(positions / max(1, chunk_tokens // input_ids.shape[0])))
     width = math.ceil(positions / count)  # equal chunks: a small last one computes slowly
@@ -268,13 +276,21 @@ def _over_chunks(
         return per_chunk(logits if temperature == 1.0 else logits / temperature, *rest)
 
     outputs = []
-    for start in range(0, hidden.shape[1], width):
+    for start in range(0, positions, width):
         parts = [t[:, start : start + width] for t in (hidden, targets, *per_position)]
-        if hidden.requires_grad:
+        if hidden.requires_grad and count > 1:
             outputs.append(checkpoint(chunk, *parts, use_reentrant=False))
         else:
             outputs.append(chunk(*parts))
-    return [torch.cat(pieces, dim=1) for pieces in zip(*outputs, strict=True)]
+    return [_pad_front(torch.cat(pieces, dim=1), first) for pieces in zip(*outputs, strict=True)]
+
+
+def _pad_front(values: torch.Tensor, count: int) -> torch.Tensor:
+    """`values` with `count` zero positions before its first, along dim 1."""
+    if not count:
+        return values
+    zeros = values.new_zeros((values.shape[0], count, *values.shape[2:]))
+    return torch.cat([zeros, values], dim=1)
 
 
 def _final_hidden(module: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:

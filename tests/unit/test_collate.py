@@ -1,7 +1,7 @@
 import torch
 
 from forge.data import Completion, Episode
-from forge.data.collate import collate, gather_tokens
+from forge.data.collate import collate, first_position, gather_tokens
 
 
 def episode(prompt, tokens, logprobs, advantage, ref=None) -> Episode:
@@ -39,3 +39,11 @@ def test_teacher_top_k_lines_up_as_k_values_per_completion_position():
     assert batch.teacher_top_ids.tolist() == [[[0, 0], [7, 3], [8, 1]], [[9, 4], [0, 0], [0, 0]]]
     assert batch.teacher_top_logprobs[1, 0].tolist() == [-0.5, -1.5]
     assert batch.teacher_top_logprobs[0, 0].tolist() == [0.0, 0.0]
+
+
+def test_first_position_is_the_earliest_completion_position_of_any_row():
+    short = Episode("a", "g", Completion([1, 2], [3, 4], "", [-1.0, -1.0], [0, 0], ""))
+    long = Episode("b", "g", Completion([1, 2, 5, 6], [3], "", [-1.0], [0], ""))
+    assert first_position(collate([long]).mask) == 3
+    assert first_position(collate([long, short]).mask) == 1
+    assert first_position(torch.zeros((2, 5), dtype=torch.bool)) == 0

@@ -80,3 +80,27 @@ def test_logits_in_chunks_give_the_same_logprobs_and_gradients(family):
     for whole, chunked in zip(t1, t2, strict=True):
         torch.testing.assert_close(whole, chunked)
     assert max(g.abs().max() for g in g1) > 0
+
+
+@pytest.mark.parametrize("chunk_tokens", [10_000, 4], ids=["one chunk", "many chunks"])
+def test_positions_before_first_get_no_logits_and_the_rest_are_unchanged(chunk_tokens):
+    model = load_pretrained(tiny_model("llama", seed=1)).train()
+    ids = torch.randint(0, 1000, (3, 11), generator=torch.Generator().manual_seed(0))
+    candidates = torch.randint(0, 1000, (3, 10, 4), generator=torch.Generator().manual_seed(1))
+    results = []
+    for first in (0, 6):
+        model.zero_grad()
+        actual, chosen = candidate_logprobs(model, ids, candidates, 0.7, chunk_tokens, first)
+        (actual[:, 6:].sum() + chosen[:, 6:].exp().sum()).backward()
+        plain = token_logprobs(model, ids, 0.7, chunk_tokens, first)
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append((actual.detach(), chosen.detach(), plain.detach(), grads))
+    (a0, c0, p0, g0), (a6, c6, p6, g6) = results
+    assert a6.shape == a0.shape and c6.shape == c0.shape and p6.shape == p0.shape
+    assert not a6[:, :6].any() and not c6[:, :6].any() and not p6[:, :6].any()
+    assert a0[:, :6].abs().min() > 0  # the full pass does compute them
+    torch.testing.assert_close(a6[:, 6:], a0[:, 6:])
+    torch.testing.assert_close(c6[:, 6:], c0[:, 6:])
+    torch.testing.assert_close(p6[:, 6:], p0[:, 6:])
+    for full, skipped in zip(g0, g6, strict=True):
+        torch.testing.assert_close(skipped, full, rtol=1e-4, atol=1e-4 * float(full.abs().max()))
