@@ -1,13 +1,16 @@
-"""Async GRPO against sync GRPO, same placement, same run: how much of the ideal overlap we get.
+"""Async GRPO against sync GRPO, same placement: how much of the ideal overlap we get.
 
-Runs the GRPO app twice in this process: `mode: sync` (generate a batch, then train on it),
-then `mode: async`. From the sync run it takes the generation time per batch (Tgen) and the
-training time per step, weight sync included (Ttrain); the ideal async speedup is
-(Tgen + Ttrain) / max(Tgen, Ttrain). Seconds per step exclude the first step (start-up).
-The trainer's exact mismatch KL (an extra forward pass, needed only for stale batches, so only
-in async mode) is off unless an override turns it on: it is a measurement, not training.
+Runs the GRPO app in this process, `mode: sync` (generate a batch, then train on it) and
+`mode: async`, `--repeats` times, alternating which mode goes first (sync, async; async,
+sync; ...) so that a drift of the machine's speed does not favour one. From each sync run it
+takes the generation time per batch (Tgen) and the training time per step, weight sync included
+(Ttrain); the ideal async speedup is (Tgen + Ttrain) / max(Tgen, Ttrain). Seconds per step
+exclude the first step (start-up). Everything runs at its default, the trainer's exact mismatch
+measurement included (a sample of each stale batch; see trainer.exact_mismatch_sample).
+Printed: each repeat, then the median and the spread (min..max) of each figure.
 
-    python bench/async_speedup.py [--config configs/grpo/smollm2_cpu.yaml] [--steps 6] [k=v ...]
+    python bench/async_speedup.py [--config configs/grpo/smollm2_cpu.yaml] [--steps 6]
+        [--repeats 3] [k=v ...]
 """
 
 import argparse
@@ -43,22 +46,55 @@ async def run(config: str, mode: str, steps: int, overrides: list[str]) -> list[
     return per_step(run_dir)
 
 
-async def main(args: argparse.Namespace) -> None:
-    # One placement for both modes (auto could pick another for each): the config's split.
-    overrides = ["placement=split", "trainer.exact_mismatch=false", *args.overrides]
-    sync = await run(args.config, "sync", args.steps, overrides)
-    asynchronous = await run(args.config, "async", args.steps, overrides)
+def figures(sync: list[dict], asynchronous: list[dict]) -> dict[str, float]:
+    """One repeat's figures from a sync run's and an async run's per-step metrics."""
     t_gen = statistics.median(s["rollout/batch_s"] for s in sync[1:])
     t_train = statistics.median(s["train/step_s"] for s in sync[1:])
     ideal = (t_gen + t_train) / max(t_gen, t_train)
     sync_s, async_s = seconds_per_step(sync), seconds_per_step(asynchronous)
     speedup = sync_s / async_s
-    print(f"sync:  {sync_s:.2f} s/step (generation {t_gen:.2f} s + training {t_train:.2f} s)")
-    print(f"async: {async_s:.2f} s/step")
-    print(f"ideal speedup (Tgen + Ttrain) / max(Tgen, Ttrain): {ideal:.3f}")
+    return {
+        "sync_s": sync_s,
+        "async_s": async_s,
+        "t_gen": t_gen,
+        "t_train": t_train,
+        "ideal": ideal,
+        "speedup": speedup,
+        "gain": (speedup - 1) / max(ideal - 1, 1e-9),
+        "idle": statistics.median(s["train/idle_fraction"] for s in asynchronous[1:]),
+    }
+
+
+def line(name: str, f: dict[str, float]) -> str:
+    return (
+        f"{name:<10} sync {f['sync_s']:6.2f} s/step (gen {f['t_gen']:5.2f} + train "
+        f"{f['t_train']:5.2f})  async {f['async_s']:6.2f} s/step  speedup {f['speedup']:.3f} of "
+        f"ideal {f['ideal']:.3f} = {f['gain']:5.2f} of the possible gain  async trainer idle "
+        f"{f['idle']:.3f}"
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    # One placement for both modes (auto could pick another for each): the config's split.
+    overrides = ["placement=split", *args.overrides]
+    repeats = []
+    for i in range(args.repeats):
+        order = ("sync", "async") if i % 2 == 0 else ("async", "sync")
+        runs = {mode: await run(args.config, mode, args.steps, overrides) for mode in order}
+        repeats.append(figures(runs["sync"], runs["async"]))
+        print(line(f"repeat {i + 1}", repeats[-1]), flush=True)
+    print()
+    for i, f in enumerate(repeats):
+        print(line(f"repeat {i + 1}", f))
+    median = {k: statistics.median(f[k] for f in repeats) for k in repeats[0]}
+    print(line("median", median))
+    for key, label in [("async_s", "async s/step"), ("sync_s", "sync s/step"), ("gain", "gain")]:
+        values = [f[key] for f in repeats]
+        print(f"spread of {label}: {min(values):.3f} .. {max(values):.3f}")
     print(
-        f"async speedup: {speedup:.3f} = {speedup / ideal:.3f} of the ideal "
-        f"({(speedup - 1) / max(ideal - 1, 1e-9):.2f} of the possible gain); target >= 0.8"
+        f"async / sync s/step (median): {median['async_s'] / median['sync_s']:.3f} (target <= 1); "
+        f"possible gain {median['gain']:.2f} (target >= 0.8); async trainer idle "
+        f"{median['idle']:.3f} (target < 0.05)"
     )
 
 
@@ -66,5 +102,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     asyncio.run(main(parser.parse_args()))

@@ -4,8 +4,9 @@ Same workload for every measurement (64 prompts x 8 samples x 64 new tokens, Smo
 fp32, EOS ignored so every run generates the same number of tokens):
   1. raw vLLM: AsyncLLM called directly in this process;
   2. the Generator actor through a one-replica service;
-  3. the same load with one weight update in the middle, once per mode (drain, abort, inflight):
-     the time generation went on while fetching, the pause before the swap, and the swap.
+  3. the same load with one weight update once the engine's batch is full, once per mode
+     (drain, abort, inflight): the time generation went on while fetching, the pause before
+     the swap and the swap, beside the duration of one decode step of that batch.
 
     python bench/generator.py [--prompts 64] [--samples 8] [--tokens 64]
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
+from forge.actors.generator.engine import start_engine
 from forge.controller import shutdown
 from forge.models import resolve_model
 from forge.weights.shm_folders import ShmFolder
@@ -34,25 +36,12 @@ def prompts(count: int) -> list[str]:
 
 
 async def raw_vllm(cfg: GeneratorConfig, texts: list[str]) -> float:
-    """Tokens/s of vLLM's AsyncLLM driven directly, with the Generator's engine settings."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    """Tokens/s of vLLM's AsyncLLM driven directly, started with exactly the Generator's
+    engine arguments (`forge.actors.generator.engine.engine_args`)."""
     from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=str(resolve_model(cfg.model)),
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            enforce_eager=True,
-            kv_cache_memory_bytes=cfg.kv_cache_mb << 20,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=False,
-        )
-    )
+    engine = start_engine(cfg, resolve_model(cfg.model))
     s = cfg.sampling
     params = SamplingParams(
         n=s.n,
@@ -83,13 +72,29 @@ async def through_service(service, texts: list[str]) -> tuple[float, list]:
     return sum(len(c.token_ids) for r in results for c in r) / elapsed, results
 
 
-async def update_under_load(service, texts: list[str], version: int, mode: str) -> dict:
+async def update_under_load(
+    service, cfg: GeneratorConfig, texts: list[str], version: int, mode: str
+) -> dict:
+    """One update while the engine's batch is full: it starts once the engine runs as many
+    sequences as it can (checked, not assumed), with the engine's decode step measured then."""
     load = asyncio.ensure_future(through_service(service, texts))
-    await asyncio.sleep(2.0)  # well inside the run: every request is in flight or queued
+    full = min(len(texts) * cfg.sampling.n, cfg.max_num_seqs)
+    while (stats := (await service.stats.fanout())[0])["running"] < full or not stats["step_s"]:
+        if load.done():
+            raise RuntimeError(f"the load ended before {full} sequences ran at once")
+        await asyncio.sleep(0.05)
+    running = stats["running"]
     (timings,) = await service.update_weights.fanout(version, mode=mode)
+    step_s = (await service.stats.fanout())[0]["step_s"]  # the steps just before the update
     tokens_per_s, results = await load
     split = sum(len(set(c.token_versions)) == 2 for r in results for c in r)
-    return {**timings, "tokens_per_s": tokens_per_s, "split_sequences": split}
+    return {
+        **timings,
+        "tokens_per_s": tokens_per_s,
+        "split_sequences": split,
+        "running": running,
+        "step_s": step_s,
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -123,13 +128,15 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     weights = load_file(resolve_model(cfg.model) / "model.safetensors")
     for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
         manifest = await transport.publish(version, weights)
-        r = await update_under_load(service, texts, version, mode)
+        r = await update_under_load(service, cfg, texts, version, mode)
+        stall = r["pause_s"] + r["swap_s"]
         print(
-            f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB): fetch "
-            f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s, "
-            f"swap (engine stopped) {r['swap_s']:.3f}s, of which verify {r['verify_s']:.3f}s; "
-            f"run {r['tokens_per_s']:.1f} tokens/s, {r['split_sequences']} sequences span two "
-            "versions"
+            f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB) with "
+            f"{r['running']} sequences running, one decode step {r['step_s']:.3f}s: fetch "
+            f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s "
+            f"({r['pause_s'] / r['step_s']:.1f} steps), swap (engine stopped) {r['swap_s']:.3f}s "
+            f"(verify {r['verify_s']:.3f}s); stall {stall:.3f}s; run {r['tokens_per_s']:.1f} "
+            f"tokens/s, {r['split_sequences']} sequences span two versions"
         )
         await transport.delete(version)
 

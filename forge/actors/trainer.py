@@ -320,7 +320,7 @@ class TitanTrainer(ForgeActor):
         }
 
     def _train_step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         peak = PeakMemory(self.device)
         self.model.train()
         micro = [
@@ -361,6 +361,8 @@ class TitanTrainer(ForgeActor):
             "tokens_per_s": totals["tokens"] / (time.perf_counter() - start),
             f"{peak.metric}": _all_max(peak.gb()),
             **mismatch,
+            "started_at": started_at,  # wall clock: the run's timeline
+            "ended_at": time.time(),
         }
 
     def _micro_batches(self, episodes: list[Episode]) -> list[tuple[list[Episode], bool]]:

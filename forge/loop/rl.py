@@ -73,6 +73,8 @@ class RLLoop(Run):
             # Colocated phases take turns: generating further ahead than the next batch would
             # overlap nothing and only make the data older. Async runs as sync does.
             self.gate.lower_max_policy_age(0)
+        # Batches may be a version old: the generators' move need not hold up the trainer.
+        self.overlap_updates = self.cfg.mode == "async" and self.gate.max_policy_age >= 1
         return self
 
     async def fit_placement(self) -> None:
@@ -273,18 +275,19 @@ class RLLoop(Run):
             # Evicted groups make room for the rollouts that refill the buffer.
             await self.report_consumed()
             await asyncio.sleep(0.05)
-        start = time.perf_counter()
         # Whatever order concurrent groups finished in, train on them in a fixed order.
         batch = [
             sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
         ]
         self.log_batch(step, self.version, batch)
         async with self.turns.training():
+            start = time.perf_counter()
             metrics = await self.train(batch, policy_version=self.version)
-            await self.publish(step)
+            busy = time.perf_counter() - start + await self.publish(step)
         after = await self.report_consumed()
         wall = time.perf_counter() - waited
-        record_metric("train/idle_fraction", (start - waited) / wall)
+        # Idle: waiting for a batch, or for the generators to take new weights.
+        record_metric("train/idle_fraction", 1 - busy / wall)
         record_metric("train/step_s", wall)
         record_metric("buffer/size", after["size"])
         for key in ("evicted_stale", "evicted_newer", "groups_dropped"):  # running totals

@@ -32,7 +32,7 @@ from forge.loop.evaluation import Evaluator
 from forge.loop.plan import GROUP, plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.loop.turns import Turns
-from forge.observability import MetricLogger, Reduce, plot_run, record_metric
+from forge.observability import MetricLogger, Reduce, plot_run, plot_timeline, record_metric
 from forge.observability.console import say
 from forge.weights.shm_folders import claim_for_run
 from forge.weights.transport import delete_older_than, make_transport
@@ -60,6 +60,10 @@ class Run:
         self.trainer_restarts = 0
         self.checkpointed = 0  # the step of the newest checkpoint
         self.evaluator: Evaluator | None = None
+        # Whether generators may move to new weights while the trainer takes its next step
+        # (data one version older meanwhile); set by loops whose batches may be that old.
+        self.overlap_updates = False
+        self._update: asyncio.Future | None = None  # that move, while it runs
         # Cores generator and trainer were moved to after they started (auto placement).
         self.cores: dict[str, list[int]] | None = None
 
@@ -92,6 +96,7 @@ class Run:
 
             await torchstore_compat.initialize()
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
+        self.timeline_log = (self.run_dir / "timeline.jsonl").open("a")
         g, group = self.plan.resources("generator"), self._group()
         self.generator, self.trainer, self.reward = await asyncio.gather(
             Generator.options(**vars(g), group=group).as_service(cfg.generator),
@@ -201,23 +206,61 @@ class Run:
         also recorded under train/."""
         metrics = await self.call_trainer("train_step", batches, **kwargs)
         self.version += 1
+        self.log_span(
+            self.version, "trainer", "train", metrics.pop("started_at"), metrics.pop("ended_at")
+        )
         for name, value in metrics.items():
             record_metric(f"train/{name}", value)
         return metrics
 
-    async def publish(self, step: int) -> None:
-        """The trainer's weights, as `version`, to every generator; older versions deleted."""
+    async def publish(self, step: int) -> float:
+        """The trainer's weights, as `version`, to every generator; older versions deleted.
+        Returns the seconds the trainer spent publishing them.
+
+        With `overlap_updates` the generators move in the background while the trainer takes
+        its next step; the next publish waits for that move first, so at most two versions
+        exist. `weights/sync_s` is what the loop waited.
+        """
         start = time.perf_counter()
+        await self.wait_for_update()
+        pushing = time.perf_counter()
         await self.call_trainer("push_weights", self.version)
-        await self.generator.update_weights.fanout(self.version)
-        await delete_older_than(self.transport, self.version)
+        pushed = time.perf_counter()
+        update = self._update_generators(step, self.version)
+        if self.overlap_updates:
+            self._update = asyncio.ensure_future(update)
+        else:
+            await update
         record_metric("weights/sync_s", time.perf_counter() - start)
+        return pushed - pushing
+
+    async def _update_generators(self, step: int, version: int) -> None:
+        start = time.perf_counter()
+        updates = await self.generator.update_weights.fanout(version)
+        record_metric("weights/update_s", time.perf_counter() - start)
+        # Per generator: the drain before its swap (nothing new admitted), then the swap
+        # (engine stopped); the slowest generator's.
+        record_metric("weights/generator_pause_s", max(u["pause_s"] for u in updates))
+        record_metric("weights/generator_swap_s", max(u["swap_s"] for u in updates))
+        for i, u in enumerate(updates):
+            if u["mode"] != "none":
+                self.log_span(step, f"generator {i}", "pause", u["pause_at"], u["swap_at"])
+                self.log_span(step, f"generator {i}", "swap", u["swap_at"], u["end_at"])
+        await delete_older_than(self.transport, version)
         if self.evaluator is not None and self._eval_due(step):
-            self.evaluator.start(step, self.version)
+            self.evaluator.start(step, version)
+
+    async def wait_for_update(self) -> None:
+        """Returns once the generators' move to the last published version is over (raising
+        its error, if it failed)."""
+        if self._update is not None:
+            update, self._update = self._update, None
+            await update
 
     async def sync_generators(self) -> None:
         """Moves every generator to the trainer's weights, even back to an older version (a
         restarted trainer); every other version is deleted."""
+        await self.wait_for_update()
         await self.call_trainer("push_weights", self.version)
         await self.generator.update_weights.fanout(self.version)
         for version in await self.transport.versions():
@@ -291,8 +334,10 @@ class Run:
 
     async def log_step(self, step: int, start: float) -> dict[str, float]:
         """Generator health and throughput, then every process's metrics of `step`."""
-        if step == self.last_step and self.evaluator is not None:
-            await self.evaluator.wait()  # the final eval belongs to the last step's line
+        if step == self.last_step:
+            await self.wait_for_update()  # it starts the final eval
+            if self.evaluator is not None:
+                await self.evaluator.wait()  # the final eval belongs to the last step's line
         for m in self.generator.metrics():
             record_metric("generator/deaths", m["deaths"], Reduce.SUM)
             record_metric("generator/recoveries", m["recoveries"], Reduce.SUM)
@@ -315,6 +360,12 @@ class Run:
         self.trained_log.write(json.dumps(record) + "\n")
         self.trained_log.flush()
 
+    def log_span(self, step: int, lane: str, what: str, start: float, end: float) -> None:
+        """Appends an interval to the run's timeline (forge.observability.timeline)."""
+        span = {"step": step, "lane": lane, "what": what, "start": start, "end": end}
+        self.timeline_log.write(json.dumps(span) + "\n")
+        self.timeline_log.flush()
+
     # --- the run ------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -335,18 +386,30 @@ class Run:
         """Final checkpoint (if configured), HF export, metrics, plot; every process stopped."""
         try:
             if hasattr(self, "logger"):  # started: there is something to save and show
+                await self._settle_update()
                 self.logger.close()  # the progress bar first, so the lines below stay whole
                 self.trained_log.close()
+                self.timeline_log.close()
                 await self.save_results()
                 metrics = self.run_dir / "metrics.jsonl"
                 if metrics.exists() and metrics.stat().st_size:  # a failed start logs none
                     say(f"metrics: {metrics}\nplot: {plot_run(self.run_dir, self.plot_keys)}")
+                    if timeline := plot_timeline(self.run_dir):
+                        say(f"timeline: {timeline}")
         finally:
             try:
                 if hasattr(self, "transport"):  # shared memory is the machine's, not the run's
                     await self.transport.clear()
             finally:
                 await shutdown()
+
+    async def _settle_update(self) -> None:
+        """Waits for a running weight update at close; a failed one is reported, not raised
+        (the run's own error, if any, is the one to see)."""
+        try:
+            await self.wait_for_update()
+        except Exception as e:
+            say(f"the last weight update failed: {e}")
 
     async def save_results(self) -> None:
         """The final checkpoint and the HF export; a dead trainer has nothing left to save."""

@@ -23,7 +23,7 @@ from forge.config import ConfigError
 
 CONFIG = "config.yaml"
 # The logs that hold one record per step (or per eval): {"step": n, ...} per line.
-STEP_LOGS = ("metrics.jsonl", "eval.jsonl", "trained_episodes.jsonl")
+STEP_LOGS = ("metrics.jsonl", "eval.jsonl", "trained_episodes.jsonl", "timeline.jsonl")
 # Keys a continued run may change: its length, and how it was asked to start.
 FREE_KEYS = ("steps", "resume")
 DRIVER_STATE = "driver.pt"

@@ -32,6 +32,7 @@ from forge.observability.metrics import (
 )
 from forge.observability.plot import plot_run
 from forge.observability.progress import ProgressBar
+from forge.observability.timeline import plot_timeline, read_timeline
 
 __all__ = [
     "FAILED_SOURCES_KEY",
@@ -49,6 +50,8 @@ __all__ = [
     "drain_local",
     "merge",
     "plot_run",
+    "plot_timeline",
+    "read_timeline",
     "record_metric",
     "reduce_metrics",
 ]

@@ -37,7 +37,8 @@ class Manifest:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        """The packed size: where the last tensor ends."""
+        return max((t.offset + t.nbytes for t in self.tensors), default=0)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -59,8 +60,19 @@ def checksum(tensor: torch.Tensor) -> str:
     return xxhash.xxh3_64_hexdigest(tensor_bytes(tensor).numpy())
 
 
-def build_manifest(version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-    """Describes `state_dict` (CPU tensors) packed back to back in name order."""
+# Tensors start at multiples of this many bytes: every dtype's view of the packed bytes is
+# aligned, so tensors are copied in and read out in their own dtype.
+ALIGN = 64
+
+
+def build_manifest(
+    version: int, state_dict: dict[str, torch.Tensor], checksums: dict[str, str] | None = None
+) -> Manifest:
+    """Describes `state_dict` (CPU tensors) packed in name order, each at an ALIGN boundary.
+
+    `checksums`: by name, when they are already at hand (computed over the bytes as written);
+    computed here otherwise.
+    """
     entries, offset = [], 0
     for name, tensor in state_dict.items():
         nbytes = tensor.numel() * tensor.element_size()
@@ -71,10 +83,10 @@ def build_manifest(version: int, state_dict: dict[str, torch.Tensor]) -> Manifes
                 dtype=str(tensor.dtype).removeprefix("torch."),
                 offset=offset,
                 nbytes=nbytes,
-                checksum=checksum(tensor),
+                checksum=checksums[name] if checksums is not None else checksum(tensor),
             )
         )
-        offset += nbytes
+        offset += -(-nbytes // ALIGN) * ALIGN
     return Manifest(version=version, tensors=tuple(entries))
 
 

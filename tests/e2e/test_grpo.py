@@ -25,6 +25,7 @@ from helper_runs import (
     wait_for_steps,
 )
 
+from forge.observability import read_timeline
 from forge.weights.shm_folders import run_folder
 
 pytestmark = pytest.mark.integration
@@ -70,6 +71,39 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(placement, tmp_p
     # Fresh data gives ratio 1 and group-normalised advantages average to ~0, so the loss value
     # is ~0 in both modes; the gradient shows that the step really trained on something.
     assert min(m["train/grad_norm"] for m in metrics(runs["sync"])) > 1e-3
+
+
+def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_path):
+    """Async at max_policy_age 1, one run per update mode (at once, as above): the trainer
+    starts step s+1 before the generators are done moving to version s (timestamps from the
+    trainer's and the generators' own processes), and no batch is older than the age allows."""
+    runs = {mode: tmp_path / mode for mode in ("drain", "abort", "inflight")}
+    procs = {
+        mode: grpo(TINY, d, VOWELS, "steps=4", f"generator.update_mode={mode}", "export_hf=false")
+        for mode, d in runs.items()
+    }
+    try:
+        for mode, run_dir in runs.items():
+            finish(procs[mode], run_dir)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for mode, run_dir in runs.items():
+        spans = read_timeline(run_dir)
+        train = {s["step"]: s for s in spans if s["what"] == "train"}
+        updated: dict[int, float] = {}  # step -> when the last generator finished its swap
+        for s in spans:
+            if s["what"] == "swap":
+                updated[s["step"]] = max(updated.get(s["step"], 0.0), s["end"])
+        assert sorted(train) == [1, 2, 3, 4] and sorted(updated) == [1, 2, 3, 4], mode
+        overlapped = [s for s in (1, 2, 3) if train[s + 1]["start"] < updated[s]]
+        print(f"{mode}: trainer began the next step before the update ended at steps {overlapped}")
+        assert overlapped, f"{mode}: every update held up the trainer's next step"
+        for record in trained(run_dir):
+            ages = [record["trainer_version"] - v for v in record["policy_versions"]]
+            assert 0 <= min(ages) and max(ages) <= 1, (mode, record)
+        assert (run_dir / "timeline.png").stat().st_size > 0
 
 
 def test_groups_reused_and_gone_stale_are_trained_whole_or_dropped_whole(tmp_path):

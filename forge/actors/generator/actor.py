@@ -1,0 +1,152 @@
+"""Generator: a vLLM async engine in an actor, producing Completions with per-token versions.
+
+    gen = await Generator.options(num_replicas=2).as_service(GeneratorConfig())
+    completions = await gen.generate.route("What is 2+3?", n=8)
+    await gen.update_weights.fanout(version)
+
+The engine core runs in its own process (vLLM's AsyncLLM), so the actor's event loop stays free
+to accept requests and weight updates while it generates. The actor holds the engine and its
+two layers: the request layer (`requests.py`) and the weight-update controller
+(`weight_updates.py`), which fetches and verifies a new version while generation goes on and
+pauses the engine only for the swap, in one of three modes (docs/architecture.md).
+"""
+
+import logging
+import os
+import signal
+from typing import Any
+
+from monarch.actor import endpoint
+from monarch.actor.concurrent import concurrent_endpoint
+
+from forge.actors.generator.config import GeneratorConfig, check_update_mode
+from forge.actors.generator.engine import checkpoint_shapes, start_engine
+from forge.actors.generator.engine_stats import EngineStats
+from forge.actors.generator.requests import Requests
+from forge.actors.generator.weight_updates import WeightUpdates
+from forge.controller import ForgeActor, retry_safe
+from forge.controller.placement import pin_to_cores
+from forge.data.completion import Completion
+
+logger = logging.getLogger(__name__)
+
+
+class Generator(ForgeActor):
+    """Generates Completions with vLLM; swaps weights without losing a request."""
+
+    def __init__(self, cfg: GeneratorConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or GeneratorConfig()
+        self._stats = EngineStats()
+        self.engine: Any = None
+        self.updates: WeightUpdates | None = None
+
+    @endpoint
+    async def setup(self) -> None:
+        """Starts the engine on the configured model."""
+        from forge.models import resolve_model
+
+        path = resolve_model(self.cfg.model)
+        self.engine = start_engine(self.cfg, path, stat_loggers=[self._stats.factory])
+        await self.engine.collective_rpc("forge_die_with_parent")
+        self.updates = WeightUpdates(self.engine, self.cfg, checkpoint_shapes(path))
+        await self.updates.start()
+        self.requests = Requests(
+            self.engine, self.engine.tokenizer, self.cfg, lambda: self.updates.aborting_swaps
+        )
+
+    @property
+    def version(self) -> int:
+        return self.updates.version
+
+    @concurrent_endpoint
+    @retry_safe
+    async def generate(
+        self,
+        prompt: str | list[dict[str, str]] | list[int],
+        n: int | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> list[Completion]:
+        """Samples `n` completions of a prompt: text, chat messages or token ids.
+
+        Chat messages get the model's chat template. `sampling` overrides SamplingConfig fields.
+        """
+        try:
+            return await self.requests.generate(prompt, n, sampling)
+        except Exception as e:
+            self._exit_if_engine_died(e)
+            raise
+
+    def _exit_if_engine_died(self, error: Exception) -> None:
+        """A dead engine makes this a dead replica: end the process, so the service retries
+        its calls elsewhere and respawns it, instead of failing every call from now on."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(error, EngineDeadError):
+            logger.error("vLLM engine died (%s): ending this generator process", error)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    @endpoint
+    async def update_weights(self, version: int, mode: str | None = None) -> dict[str, Any]:
+        """Loads weight `version` from the transport; generation pauses only for the swap.
+
+        `mode` overrides the configured update mode for this update. If the version is missing,
+        incomplete or corrupted, raises WeightVersionError and keeps serving the current
+        weights. Returns the mode used and the fetch, pause and swap times in seconds.
+        """
+        if mode is not None:
+            check_update_mode(mode)
+        return await self.updates.update(version, mode or self.cfg.update_mode)
+
+    @endpoint
+    async def load_latest(self) -> int:
+        """Loads the newest complete version in the transport (a respawned replica catching up).
+
+        A version deleted before it could be loaded gives way to the newer one that replaced it,
+        until `transport.fetch_timeout_s` has passed.
+        """
+        return await self.updates.load_latest(self.cfg.update_mode)
+
+    @endpoint
+    async def loaded_checksum(self, name: str) -> str:
+        """The manifest checksum of parameter `name` (HF name) as the engine holds it now: which
+        weights it really serves. Parameters vLLM fuses or re-packs (qkv, CPU linear layers)
+        differ from their checkpoint form; the input embedding does not."""
+        (result,) = await self.engine.collective_rpc("forge_checksum", args=(name,))
+        return result
+
+    @endpoint
+    async def get_version(self) -> int:
+        return self.version
+
+    @endpoint
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        """Moves this actor and its engine's process onto `cpus`, with as many threads."""
+        pin_to_cores(cpus)
+        await self.engine.collective_rpc("forge_use_cores", args=(cpus,))
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
+    async def cores(self) -> dict[str, Any]:
+        """This actor's pid and cores, and its engine's (`engine`), with thread counts."""
+        import torch
+
+        [engine] = await self.engine.collective_rpc("forge_cores")
+        return {
+            "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "threads": torch.get_num_threads(),
+            "engine": engine,
+        }
+
+    @endpoint
+    async def stats(self) -> dict[str, float]:
+        """Engine statistics: tokens/s since the last call, running and waiting requests, KV use."""
+        return self._stats.snapshot()
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        if self.updates is not None:
+            self.updates.close()

@@ -1,0 +1,60 @@
+"""The generator's configuration: its engine, its sampling defaults, how it takes new weights."""
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from forge.weights.transport import TransportConfig
+
+UpdateMode = Literal["drain", "abort", "inflight"]
+UPDATE_MODES: tuple[str, ...] = get_args(UpdateMode)
+
+
+@dataclass
+class SamplingConfig:
+    """Default sampling; `generate(..., sampling={...})` overrides fields per call."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_tokens: int = 64
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class GeneratorConfig:
+    """The engine, its sampling defaults, and how it takes new weights.
+
+    Args:
+        model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
+        kv_cache_mb: KV cache size; None lets vLLM size it from `gpu_memory_utilization`.
+        update_mode: "drain" (default), "abort" or "inflight" (docs/architecture.md).
+        drain_timeout_s: a drain that takes longer falls back to "abort".
+        inflight_recompute_kv: in "inflight" mode, recompute the KV cache of paused sequences
+            with the new weights (vLLM's clear_cache) instead of keeping the old one.
+    """
+
+    model: str = "SmolLM2-135M-Instruct"
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    kv_cache_mb: int | None = 512
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+    update_mode: UpdateMode = "drain"
+    drain_timeout_s: float = 30.0
+    inflight_recompute_kv: bool = False
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    def __post_init__(self) -> None:
+        # The yaml loader checks the Literal; this catches a config built in Python.
+        check_update_mode(self.update_mode)
+
+
+def check_update_mode(mode: str) -> None:
+    """Raises ValueError unless `mode` is one of UPDATE_MODES."""
+    if mode not in UPDATE_MODES:
+        raise ValueError(f"update mode must be one of {UPDATE_MODES}, got {mode!r}")

