@@ -86,7 +86,9 @@ class Generator(ForgeActor):
             logger.error("vLLM engine died (%s): ending this generator process", error)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    @endpoint
+    # Concurrent, as generate is: while an update drains, the actor still answers health
+    # checks, stats and metric pulls (the update controller runs one update at a time).
+    @concurrent_endpoint
     async def update_weights(self, version: int, mode: str | None = None) -> dict[str, Any]:
         """Loads weight `version` from the transport; generation pauses only for the swap.
 
@@ -98,7 +100,7 @@ class Generator(ForgeActor):
             check_update_mode(mode)
         return await self.updates.update(version, mode or self.cfg.update_mode)
 
-    @endpoint
+    @concurrent_endpoint
     async def load_latest(self) -> int:
         """Loads the newest complete version in the transport (a respawned replica catching up).
 
