@@ -41,6 +41,17 @@ def finish(proc: subprocess.Popen, run_dir: Path, timeout: float = 900) -> None:
     assert code == 0, f"{log}\n--- console ---\n{console[-1500:]}"
 
 
+def finish_all(procs: dict[str, subprocess.Popen], run_dirs: dict[str, Path]) -> None:
+    """`finish` for runs started side by side (same keys); kills those left if one fails."""
+    try:
+        for key, run_dir in run_dirs.items():
+            finish(procs[key], run_dir)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
 def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

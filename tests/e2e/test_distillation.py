@@ -7,7 +7,7 @@ The SmolLM2 learning test is in test_learning.py.
 import pytest
 from helper_runs import (
     complete_groups,
-    finish,
+    finish_all,
     forge_run,
     kill_one_mid_run,
     metrics,
@@ -29,13 +29,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
     # Both at once: start-up is mostly waiting, and the runs share nothing but the machine.
     overrides = ("steps=3", "buffer.max_policy_age=0", "export_hf=false")
     procs = {m: distill(TINY, d, f"mode={m}", *overrides) for m, d in runs.items()}
-    try:
-        for mode, run_dir in runs.items():
-            finish(procs[mode], run_dir)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    finish_all(procs, runs)
     sync, asynchronous = (trained(runs[m]) for m in ("sync", "async"))
     assert [s["episodes"] for s in sync] == [a["episodes"] for a in asynchronous]
     for key in ("train/loss", "train/reverse_kl", "train/grad_norm"):

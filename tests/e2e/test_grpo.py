@@ -17,6 +17,7 @@ from helper_runs import (
     ROOT,
     complete_groups,
     finish,
+    finish_all,
     forge_run,
     kill_one_mid_run,
     metrics,
@@ -55,14 +56,8 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(placement, tmp_p
         )
         for mode, run_dir in runs.items()
     }
-    try:
-        for mode, run_dir in runs.items():
-            finish(procs[mode], run_dir)
-            assert not run_folder(run_dir).exists()  # weight versions cleared
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    finish_all(procs, runs)
+    assert not any(run_folder(d).exists() for d in runs.values())  # weight versions cleared
     sync, asynchronous = (trained(runs[m]) for m in ("sync", "async"))
     assert [s["episodes"] for s in sync] == [a["episodes"] for a in asynchronous]
     for key in ("train/loss", "train/grad_norm"):
@@ -82,13 +77,7 @@ def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_p
         mode: grpo(TINY, d, VOWELS, "steps=4", f"generator.update_mode={mode}", "export_hf=false")
         for mode, d in runs.items()
     }
-    try:
-        for mode, run_dir in runs.items():
-            finish(procs[mode], run_dir)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    finish_all(procs, runs)
     for mode, run_dir in runs.items():
         spans = read_timeline(run_dir)
         train = {s["step"]: s for s in spans if s["what"] == "train"}
