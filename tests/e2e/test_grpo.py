@@ -151,9 +151,10 @@ def test_console_shows_forge_lines_only_and_the_log_file_the_rest(tmp_path):
         "step 2",
         "step 3",
     ]
-    assert lines[-2:] == [
+    assert lines[-3:] == [
         f"metrics: {run_dir / 'metrics.jsonl'}",
         f"plot: {run_dir / 'metrics.png'}",
+        f"timeline: {run_dir / 'timeline.png'}",
     ]
     log = (run_dir / "forge.log").read_text()
     assert "EngineCore" in log and "WARNING" in log  # vLLM's engine process wrote there
