@@ -14,7 +14,6 @@ version deleted, or asks for one when a newer version exists, gets WeightVersion
 """
 
 import asyncio
-import contextlib
 import fcntl
 import mmap
 import os
@@ -53,12 +52,6 @@ class SharedMemoryTransport:
     def __init__(self, root: str | Path | None, fetch_timeout_s: float = 60.0) -> None:
         self._root = None if root is None else Path(root)
         self.fetch_timeout_s = fetch_timeout_s
-        # This publisher's writable mappings by inode, kept from one version to the next: a
-        # freed file is rewritten through the mapping that last wrote it, its page tables
-        # already filled (mapping 0.5 GB costs ~0.04 s here, unmapping ~0.02 s). A mapping is
-        # dropped at the next publish once its file is gone, so a deleted version's memory
-        # stays pinned no longer than that.
-        self._maps: dict[int, mmap.mmap] = {}
 
     @property
     def root(self) -> Path:
@@ -93,44 +86,15 @@ class SharedMemoryTransport:
         folder = self._dir(version)
         shutil.rmtree(folder, ignore_errors=True)  # a half-written earlier attempt
         folder.mkdir(parents=True)
-        self._drop_maps_of_gone_files()
         with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(layout.total_bytes, 1))
-            checksums = _write(self._map(f), layout, state_dict, checksum_too=given is None)
-            # The kept mapping shares this descriptor's lock: let readers in once there is a
-            # manifest to read it by.
-            fcntl.flock(f, fcntl.LOCK_UN)
+            with _mapped(f, writable=True) as mm:
+                checksums = _write(mm, layout, state_dict, checksum_too=given is None)
         manifest = given or build_manifest(version, state_dict, checksums)
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(manifest.to_json())
         os.replace(tmp, folder / "manifest.json")
         return manifest
-
-    def _map(self, f: IO[bytes]) -> mmap.mmap:
-        """A writable mapping of the whole file `f`: the kept one, if it is still its size."""
-        stat = os.fstat(f.fileno())
-        mm = self._maps.get(stat.st_ino)
-        if mm is not None and len(mm) != stat.st_size:
-            self._maps.pop(stat.st_ino).close()
-            mm = None
-        if mm is None:
-            prot = mmap.PROT_READ | mmap.PROT_WRITE
-            mm = mmap.mmap(f.fileno(), 0, flags=_SHARED_POPULATED, prot=prot)
-            self._maps[stat.st_ino] = mm
-        return mm
-
-    def _drop_maps_of_gone_files(self) -> None:
-        """Closes the kept mappings of files no longer under the root (deleted versions).
-
-        An inode cannot be reused while a mapping holds its file, so an inode found under the
-        root is the very file its kept mapping maps.
-        """
-        present = set()
-        for path in [*self.root.glob("v*/tensors.bin"), *self.root.glob("free/*.bin")]:
-            with contextlib.suppress(FileNotFoundError):
-                present.add(path.stat().st_ino)
-        for inode in set(self._maps) - present:
-            self._maps.pop(inode).close()
 
     @contextmanager
     def _file_to_write(self, blob: Path) -> Iterator[IO[bytes]]:
@@ -208,9 +172,6 @@ class SharedMemoryTransport:
         await asyncio.to_thread(self._clear)
 
     def _clear(self) -> None:
-        for mm in self._maps.values():
-            mm.close()
-        self._maps.clear()
         shutil.rmtree(self.root, ignore_errors=True)
         for parent in self.root.parents:
             if os.path.ismount(parent):
@@ -275,6 +236,13 @@ def open_version(path: str | Path, expected: Manifest) -> Iterator[dict[str, tor
 # Page tables filled in one call when a file is mapped: a fault per 4 KiB page on first touch
 # costs more than copying the page (~0.1 s a GB here).
 _SHARED_POPULATED = mmap.MAP_SHARED | mmap.MAP_POPULATE
+
+
+@contextmanager
+def _mapped(f: IO[bytes], writable: bool) -> Iterator[mmap.mmap]:
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    with mmap.mmap(f.fileno(), 0, flags=_SHARED_POPULATED, prot=prot) as mm:
+        yield mm
 
 
 def _write(

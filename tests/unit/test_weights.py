@@ -2,7 +2,6 @@
 rewriting bytes a reader holds, and forge's shared-memory folders given back."""
 
 import dataclasses
-import fcntl
 import json
 import os
 import subprocess
@@ -119,25 +118,6 @@ async def test_a_deleted_versions_file_is_rewritten_by_the_next_publish(transpor
     got = await transport.fetch(2)
     assert all(torch.equal(got[k], v) for k, v in state_dict(2).items())
     assert await transport.versions() == [2]
-
-
-async def test_the_publisher_maps_only_live_files_and_holds_no_lock_on_them(tmp_path):
-    """The publisher keeps its mappings across versions; the run's driver deletes versions
-    from another transport object (another process, in a run)."""
-    publisher = SharedMemoryTransport(tmp_path / "weights")
-    driver = SharedMemoryTransport(tmp_path / "weights")
-    for version in range(1, 7):
-        await publisher.publish(version, state_dict(version))
-        files = [*publisher.root.glob("v*/tensors.bin"), *publisher.root.glob("free/*.bin")]
-        assert set(publisher._maps) <= {f.stat().st_ino for f in files}, version
-        with open(publisher._dir(version) / "tensors.bin", "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a reader is not kept waiting
-        got = await driver.fetch(version)
-        assert all(torch.equal(got[k], v) for k, v in state_dict(version).items()), version
-        await delete_older_than(driver, version)
-    assert len(publisher._maps) <= 2  # the newest version's file and the spare
-    await publisher.clear()
-    assert not publisher._maps
 
 
 async def test_clear_leaves_nothing_in_shared_memory(tmp_path):
