@@ -32,7 +32,14 @@ from forge.loop.evaluation import Evaluator
 from forge.loop.plan import GROUP, plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.loop.turns import Turns
-from forge.observability import MetricLogger, Reduce, plot_run, plot_timeline, record_metric
+from forge.observability import (
+    MetricLogger,
+    Reduce,
+    drain_local,
+    plot_run,
+    plot_timeline,
+    record_metric,
+)
 from forge.observability.console import say
 from forge.weights.shm_folders import claim_for_run
 from forge.weights.transport import delete_older_than, make_transport
@@ -387,6 +394,7 @@ class Run:
         try:
             if hasattr(self, "logger"):  # started: there is something to save and show
                 await self._settle_update()
+                drain_local()  # what a last update recorded belongs to no logged step
                 self.logger.close()  # the progress bar first, so the lines below stay whole
                 self.trained_log.close()
                 self.timeline_log.close()
