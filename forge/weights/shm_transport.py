@@ -88,7 +88,7 @@ class SharedMemoryTransport:
         folder.mkdir(parents=True)
         with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(layout.total_bytes, 1))
-            with _mapped(f, writable=True) as mm:
+            with _writable_map(f) as mm:
                 checksums = _write(mm, layout, state_dict, checksum_too=given is None)
         manifest = given or build_manifest(version, state_dict, checksums)
         tmp = folder / "manifest.json.tmp"
@@ -239,8 +239,8 @@ _SHARED_POPULATED = mmap.MAP_SHARED | mmap.MAP_POPULATE
 
 
 @contextmanager
-def _mapped(f: IO[bytes], writable: bool) -> Iterator[mmap.mmap]:
-    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+def _writable_map(f: IO[bytes]) -> Iterator[mmap.mmap]:
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
     with mmap.mmap(f.fileno(), 0, flags=_SHARED_POPULATED, prot=prot) as mm:
         yield mm
 
