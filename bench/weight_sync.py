@@ -3,21 +3,30 @@
 For SmolLM2-135M (fp32) and each transport, in one run: the bytes of one version, the raw
 memory-copy bandwidth (a preallocated `dst.copy_(src)`), and per version the trainer's publish
 (gather + HF renaming + write), the generator's fetch (wait for the manifest, pin the file;
-torchstore: get and stage it) and its swap (engine stopped: verify + load + re-pack + resume).
-Totals are printed as a multiple of bytes / copy bandwidth.
+rdma and torchstore: move it and stage it) and its swap (engine stopped: verify + load + re-pack
++ resume). Totals are printed as a multiple of bytes / copy bandwidth.
+The cross-host transports (rdma, torchstore) are also compared with the simplest alternative
+on Monarch: one raw `RDMABuffer.read_into` of the same bytes between two processes, into a
+buffer already allocated (over Monarch's TCP fallback where there is no RDMA NIC).
 Versions are retired as a run retires them, so the steady state is what is reported (median of
 versions 2..N; version 1 pays first-touch page faults).
 
-    python bench/weight_sync.py [--versions 5] [--transports shm torchstore]
+    python bench/weight_sync.py [--versions 5] [--transports shm rdma torchstore]
 """
 
 import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
+import warnings
 
+import cloudpickle
+import monarch.rdma
 import torch
+from monarch.actor import Actor, endpoint, this_host
+from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
 
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
@@ -27,6 +36,10 @@ from forge.models.titan import hf_state_dict
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.transport import TransportConfig, delete_older_than, make_transport
+
+# The raw-transfer actors live in this script, which their processes cannot import: ship them
+# by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
@@ -39,6 +52,44 @@ def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times)
+
+
+class RawOwner(Actor):
+    """Holds `nbytes` in a registered RDMA buffer."""
+
+    @endpoint
+    async def buffer(self, nbytes: int) -> RDMABuffer:
+        self.data = torch.ones(nbytes, dtype=torch.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RDMATcpFallbackWarning)
+            return RDMABuffer(self.data)
+
+
+class RawReader(Actor):
+    """Reads a remote buffer into one of its own, allocated and touched before timing."""
+
+    @endpoint
+    async def read(self, buffer: RDMABuffer, repeats: int) -> float:
+        dst = torch.zeros(buffer.size(), dtype=torch.uint8)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            await buffer.read_into(dst, timeout=600)
+            times.append(time.perf_counter() - start)
+        assert bool(dst[-1] == 1), "the read moved no bytes"
+        return statistics.median(times)
+
+
+async def raw_rdma_rate(nbytes: int, repeats: int = 3) -> float:
+    """Bytes/s of one raw Monarch RDMA read of `nbytes` between two processes (median)."""
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name="raw_rdma")
+    try:
+        owner = procs.slice(procs=0).spawn("owner", RawOwner)
+        reader = procs.slice(procs=1).spawn("reader", RawReader)
+        buffer = await owner.buffer.call_one(nbytes)
+        return nbytes / await reader.read.call_one(buffer, repeats)
+    finally:
+        await procs.stop()
 
 
 async def measure(transport: TransportConfig, versions: int) -> dict[str, float]:
@@ -82,6 +133,11 @@ async def main(args: argparse.Namespace) -> None:
     bound = nbytes / bandwidth
     print(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
     print(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
+    raw = None
+    if {"rdma", "torchstore"} & set(args.transports):
+        raw = await raw_rdma_rate(nbytes)
+        backend = monarch.rdma.get_rdma_backend()
+        print(f"raw Monarch RDMA read ({backend}), process to process: {raw / 1e9:.3f} GB/s")
     results = {}
     for kind in args.transports:
         shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
@@ -90,7 +146,7 @@ async def main(args: argparse.Namespace) -> None:
                 cfg = TransportConfig(kind="shm", path=str(shm.path))
             else:
                 await torchstore_compat.initialize()  # stopped by measure's shutdown()
-                cfg = TransportConfig(kind="torchstore", path="bench-weights")
+                cfg = TransportConfig(kind=kind, path="bench-weights")
             results[kind] = await measure(cfg, args.versions)
         finally:
             await shutdown()  # a no-op after measure's, unless it failed
@@ -105,10 +161,21 @@ async def main(args: argparse.Namespace) -> None:
             f"(publish + fetch {moved:.3f}s = {moved / bound:.1f}x; swap alone "
             f"{r['swap'] / bound:.1f}x)"
         )
+        if kind != "shm" and raw is not None:
+            rate = nbytes / moved
+            print(
+                f"{'':10s} moves {rate / 1e9:.3f} GB/s (publish + fetch) = {rate / raw:.2f} x "
+                f"the raw Monarch RDMA read of the same bytes ({raw / 1e9:.3f} GB/s)"
+            )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=5)
-    parser.add_argument("--transports", nargs="+", default=["shm", "torchstore"])
+    parser.add_argument(
+        "--transports",
+        nargs="+",
+        default=["shm", "rdma", "torchstore"],
+        choices=["shm", "rdma", "torchstore"],
+    )
     asyncio.run(main(parser.parse_args()))

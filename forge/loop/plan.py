@@ -288,7 +288,7 @@ def _check_trainer(cfg: RunConfig) -> None:
     if tr.kind == "shm" and hosts > 1:
         raise PlanError(
             f"trainer.transport.kind 'shm' is same-host only, but trainer_resources.hosts is "
-            f"{hosts}: use torchstore"
+            f"{hosts}: use rdma or torchstore"
         )
 
 
@@ -350,7 +350,7 @@ def _check_shm_hosts(cfg: RunConfig, meshes: list[Mesh]) -> None:
             raise PlanError(
                 f"generator.transport.kind 'shm' is same-host only, but generator replica "
                 f"{m.replica} lands on host{m.placement.hosts[0]} and the trainer on "
-                f"host{trainer[0]} (generator_resources, trainer_resources): use torchstore"
+                f"host{trainer[0]} (generator_resources, trainer_resources): use rdma or torchstore"
             )
 
 

@@ -97,7 +97,7 @@ class Run:
                 GROUP, hosts=len(g.hosts), gpus=len(g.gpus[0]), cpus=len(g.cpus[0])
             )
         claim_for_run(self.run_dir, cfg)  # its /dev/shm folder, given back at shutdown()
-        if cfg.trainer.transport.kind == "torchstore":
+        if cfg.trainer.transport.kind in ("rdma", "torchstore"):  # rdma: handles, manifests
             # Imported only here: torchstore prints a warning on import, before any log exists.
             from forge.weights import torchstore_compat
 

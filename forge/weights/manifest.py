@@ -3,10 +3,15 @@
 A publisher writes every tensor of a version first and its manifest last, so a manifest that
 exists describes a complete version. A reader checks each tensor against the manifest (name,
 shape, dtype, byte count, xxh3 checksum) before using any of it.
+
+Transports that move a version as one buffer lay its tensors out as the manifest says
+(`pack`, `unpack`): back to back in name order, each at an ALIGN boundary.
 """
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import xxhash
@@ -88,6 +93,36 @@ def build_manifest(
         )
         offset += -(-nbytes // ALIGN) * ALIGN
     return Manifest(version=version, tensors=tuple(entries))
+
+
+def pack(
+    packed: torch.Tensor, layout: Manifest, state_dict: dict[str, torch.Tensor], checksum_too: bool
+) -> dict[str, str]:
+    """Copies each tensor into its place in `packed` (uint8, at least `layout.total_bytes`) in
+    one pass from its own strides (no contiguous copy first). Returns the checksums of the bytes
+    as written, by name, if `checksum_too` (else empty strings)."""
+    return {e.name: _pack_one(packed, e, state_dict[e.name], checksum_too) for e in layout.tensors}
+
+
+def _pack_one(
+    packed: torch.Tensor, e: TensorEntry, tensor: torch.Tensor, checksum_too: bool
+) -> str:
+    region = packed[e.offset : e.offset + e.nbytes]
+    region.view(getattr(torch, e.dtype)).view(e.shape).copy_(tensor)
+    return checksum(region) if checksum_too else ""
+
+
+def unpack(buffer: Any, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Zero-copy tensors over a packed buffer (anything with the buffer protocol), as the
+    manifest lays them out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frombuffer warns when the buffer is read-only
+        return {
+            e.name: torch.frombuffer(buffer, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
+            .view(getattr(torch, e.dtype))
+            .reshape(e.shape)
+            for e in manifest.tensors
+        }
 
 
 def verify(manifest: Manifest, state_dict: dict[str, torch.Tensor]) -> None:

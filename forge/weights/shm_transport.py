@@ -20,21 +20,20 @@ import os
 import shutil
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import torch
 
 from forge.weights.manifest import (
     Manifest,
-    TensorEntry,
     WeightVersionError,
     WeightVersionGone,
     build_manifest,
-    checksum,
+    pack,
+    unpack,
     verify,
 )
 
@@ -89,7 +88,9 @@ class SharedMemoryTransport:
         with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(layout.total_bytes, 1))
             with _writable_map(f) as mm:
-                checksums = _write(mm, layout, state_dict, checksum_too=given is None)
+                packed = torch.frombuffer(mm, dtype=torch.uint8)
+                checksums = pack(packed, layout, state_dict, checksum_too=given is None)
+                del packed  # the map cannot close while a view of it exists
         manifest = given or build_manifest(version, state_dict, checksums)
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(manifest.to_json())
@@ -221,7 +222,7 @@ def open_version(path: str | Path, expected: Manifest) -> Iterator[dict[str, tor
         mm = mmap.mmap(f.fileno(), 0, flags=_SHARED_POPULATED, prot=mmap.PROT_READ)
     # mmap holds its own duplicate of the descriptor, hence of the lock: both live as long as
     # the mapping.
-    tensors = _views(mm, expected)
+    tensors = unpack(mm, expected)
     try:
         verify(expected, tensors)
         yield tensors
@@ -245,28 +246,6 @@ def _writable_map(f: IO[bytes]) -> Iterator[mmap.mmap]:
         yield mm
 
 
-def _write(
-    mm: mmap.mmap, layout: Manifest, state_dict: dict[str, torch.Tensor], checksum_too: bool
-) -> dict[str, str]:
-    """Copies each tensor into its place in `mm` in one pass from its own strides (no
-    contiguous copy first); checksums the bytes as written if `checksum_too`."""
-    packed = torch.frombuffer(mm, dtype=torch.uint8)
-    try:
-        return {
-            e.name: _write_one(packed, e, state_dict[e.name], checksum_too) for e in layout.tensors
-        }
-    finally:
-        del packed  # the map cannot close while a view of it exists
-
-
-def _write_one(
-    packed: torch.Tensor, e: TensorEntry, tensor: torch.Tensor, checksum_too: bool
-) -> str:
-    region = packed[e.offset : e.offset + e.nbytes]
-    region.view(getattr(torch, e.dtype)).view(e.shape).copy_(tensor)
-    return checksum(region) if checksum_too else ""
-
-
 def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
     """A private copy of the version's bytes, read under the lock and verified."""
     packed = torch.empty(max(manifest.total_bytes, 1), dtype=torch.uint8)
@@ -274,7 +253,7 @@ def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
         read = f.readinto(packed.numpy())
     if read < manifest.total_bytes:
         raise WeightVersionError(f"version {manifest.version}: short read ({read} bytes)")
-    tensors = _views(packed.numpy(), manifest)
+    tensors = unpack(packed.numpy(), manifest)
     verify(manifest, tensors)
     return tensors
 
@@ -314,15 +293,3 @@ def _still_the_version(folder: Path, f: IO[bytes], expected: Manifest) -> bool:
         return False
     held = os.fstat(f.fileno())
     return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino) and manifest == expected
-
-
-def _views(buffer: Any, manifest: Manifest) -> dict[str, torch.Tensor]:
-    """Zero-copy tensors over a packed buffer, as the manifest lays them out."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # frombuffer warns when the buffer is read-only
-        return {
-            e.name: torch.frombuffer(buffer, dtype=torch.uint8, count=e.nbytes, offset=e.offset)
-            .view(getattr(torch, e.dtype))
-            .reshape(e.shape)
-            for e in manifest.tensors
-        }

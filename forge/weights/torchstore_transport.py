@@ -51,6 +51,18 @@ class TorchStoreTransport:
         Raises WeightVersionGone at once if a newer version exists while this one's manifest
         does not (it was deleted), WeightVersionError if it does not appear in time.
         """
+        manifest = await self._manifest(version)
+        try:
+            state_dict = {
+                e.name: await ts.get(self._key(version, f"tensors/{e.name}"))
+                for e in manifest.tensors
+            }
+        except KeyError as e:
+            raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
+        return manifest, state_dict
+
+    async def _manifest(self, version: int) -> Manifest:
+        """Waits for `version`'s manifest (see `fetch_unverified` for what is raised)."""
         key = self._key(version, "manifest")
         deadline = time.monotonic() + self.fetch_timeout_s
         while not await ts.exists(key):
@@ -67,14 +79,9 @@ class TorchStoreTransport:
                 )
             await asyncio.sleep(0.05)
         try:
-            manifest = Manifest.from_json(await ts.get(key))
-            state_dict = {
-                e.name: await ts.get(self._key(version, f"tensors/{e.name}"))
-                for e in manifest.tensors
-            }
-        except KeyError as e:
-            raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
-        return manifest, state_dict
+            return Manifest.from_json(await ts.get(key))
+        except KeyError:
+            raise WeightVersionGone(f"version {version} was deleted while read") from None
 
     async def delete(self, version: int) -> None:
         """Deletes the manifest first (so readers stop trusting the version), then tensors."""

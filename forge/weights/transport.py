@@ -1,8 +1,9 @@
 """How weight versions travel from the trainer to generators.
 
 A transport publishes a version (tensors first, manifest last) and fetches one (waiting for its
-manifest up to a deadline, then verifying every tensor against it). Two exist: same-host
-shared memory (`SharedMemoryTransport`) and torchstore (`TorchStoreTransport`, across hosts).
+manifest up to a deadline, then verifying every tensor against it). Three exist: same-host
+shared memory (`SharedMemoryTransport`), and across hosts torchstore (`TorchStoreTransport`)
+and Monarch RDMA buffers with torchstore holding only manifests and handles (`RdmaTransport`).
 """
 
 from dataclasses import dataclass
@@ -18,15 +19,17 @@ class TransportConfig:
     """Which transport carries weights, and where.
 
     Args:
-        kind: "shm" (same host, /dev/shm) or "torchstore" (any host).
+        kind: "shm" (same host, /dev/shm), "rdma" (any host: one Monarch RDMA read per version,
+            over Monarch's TCP fallback without an RDMA NIC) or "torchstore" (any host: each
+            tensor through a torchstore storage volume).
         path: shm: the folder that holds versions; None (the default): the run's own folder in
             shared memory, which a run sets (forge.weights.shm_folders.claim_for_run) and
-            removes when it ends. torchstore: the key prefix; None: "weights".
+            removes when it ends. rdma and torchstore: the key prefix; None: "weights".
         fetch_timeout_s: how long a fetch waits for a version's manifest to appear (it fails
             at once if a newer version exists: the one asked for was deleted).
     """
 
-    kind: Literal["shm", "torchstore"] = "shm"
+    kind: Literal["shm", "rdma", "torchstore"] = "shm"
     path: str | None = None
     fetch_timeout_s: float = 60.0
 
@@ -67,7 +70,11 @@ def make_transport(cfg: TransportConfig) -> WeightTransport:
         from forge.weights.torchstore_transport import TorchStoreTransport
 
         return TorchStoreTransport(cfg.path or "weights", cfg.fetch_timeout_s)
-    raise ValueError(f"transport kind must be 'shm' or 'torchstore', got {cfg.kind!r}")
+    if cfg.kind == "rdma":
+        from forge.weights.rdma_transport import RdmaTransport
+
+        return RdmaTransport(cfg.path or "weights", cfg.fetch_timeout_s)
+    raise ValueError(f"transport kind must be 'shm', 'rdma' or 'torchstore', got {cfg.kind!r}")
 
 
 async def delete_older_than(transport: WeightTransport, version: int) -> list[int]:

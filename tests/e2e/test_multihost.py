@@ -1,7 +1,8 @@
 """A run over two hosts: the `process` launcher emulates them on this machine (each host its own
-Monarch host agent), weights cross between them through torchstore. Where each role landed is
-observed in the running processes, not taken from the config. (The same run submitted to SLURM
-with `forge submit` is in tests/integration/test_slurm.py.)"""
+Monarch host agent), weights cross between them over Monarch RDMA buffers (the `rdma`
+transport: Monarch's TCP fallback here, torchstore holding manifests and handles). Where each
+role landed is observed in the running processes, not taken from the config. (The same run
+submitted to SLURM with `forge submit` is in tests/integration/test_slurm.py.)"""
 
 import json
 
@@ -15,7 +16,7 @@ TINY = "configs/grpo/tiny_cpu.yaml"
 STEPS = 3
 
 
-def test_generator_and_trainer_on_two_hosts_exchange_weights_through_torchstore(tmp_path):
+def test_generator_and_trainer_on_two_hosts_exchange_weights_over_rdma(tmp_path):
     run_dir = tmp_path / "two-hosts"
     proc = forge_run(
         "grpo",
@@ -26,7 +27,7 @@ def test_generator_and_trainer_on_two_hosts_exchange_weights_through_torchstore(
         "export_hf=false",
         "provisioner.launcher=process",
         "provisioner.hosts=2",
-        "generator.transport.kind=torchstore",  # the trainer's transport is the generator's
+        "generator.transport.kind=rdma",  # the trainer's transport is the generator's
         # Hosts are filled first-fit: a role that takes all of a host's cores leaves the
         # next role the other host. Emulated hosts share this machine's cores.
         "generator_resources.cpus_per_proc=2",

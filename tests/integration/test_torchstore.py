@@ -2,7 +2,9 @@
 
 A store (one storage-volume process) is started once for the module; two more processes host
 ``StoreUser`` actors. Tensors and state dicts go actor -> driver, actor -> actor (different
-processes) and driver -> actor, and must come back bit-exact with their dtypes.
+processes) and driver -> actor, and must come back bit-exact with their dtypes. Weight versions
+go through both cross-host transports: torchstore's own, and Monarch RDMA buffers (over
+Monarch's TCP fallback here: no RDMA NIC) with torchstore holding the manifests.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 import cloudpickle
 import pytest
 import torch
-from monarch.actor import Actor, ProcMesh, endpoint, this_host
+from monarch.actor import Actor, ActorError, ProcMesh, endpoint, this_host
 
 from forge.weights import torchstore_compat as tsc
 from forge.weights.manifest import WeightVersionError
+from forge.weights.rdma_transport import RdmaTransport
 from forge.weights.torchstore_transport import TorchStoreTransport
 from forge.weights.transport import delete_older_than
 
@@ -90,8 +93,28 @@ class StoreUser(Actor):
     @endpoint
     async def publish(self, prefix: str, version: int) -> int:
         """Publish a flat HF-style state dict as a weight version; returns its byte count."""
-        state_dict = {f"w{i}": t for i, t in enumerate(_leaves(make_state_dict(version)))}
-        return (await TorchStoreTransport(prefix).publish(version, state_dict)).total_bytes
+        transport = TorchStoreTransport(prefix)
+        return (await transport.publish(version, versioned_state_dict(version))).total_bytes
+
+    @endpoint
+    async def publish_rdma(self, prefix: str, version: int) -> int:
+        """Publish `version` as an RDMA buffer (one transport per actor, as a trainer holds);
+        returns how many buffers this publisher still holds registered."""
+        if not hasattr(self, "rdma"):
+            self.rdma = RdmaTransport(prefix)
+        await self.rdma.publish(version, versioned_state_dict(version))
+        return len(self.rdma._held)
+
+    @endpoint
+    async def corrupt_rdma(self, version: int) -> None:
+        """Flip one byte of a published version's buffer, after its manifest was written."""
+        packed, _ = self.rdma._held[version]
+        packed[0] ^= 0xFF
+
+    @endpoint
+    async def fetch_rdma(self, prefix: str, version: int) -> dict[str, torch.Tensor]:
+        """Fetch and verify `version` over RDMA from this process."""
+        return await RdmaTransport(prefix, fetch_timeout_s=1.0).fetch(version)
 
     @endpoint
     async def get_tensor(self, key: str) -> torch.Tensor:
@@ -166,6 +189,11 @@ async def test_missing_key_raises_clearly(store: None) -> None:
     assert_same(await deadline(tsc.get("after-miss")), torch.arange(3))
 
 
+def versioned_state_dict(version: int) -> dict[str, torch.Tensor]:
+    """A flat HF-style state dict of mixed dtypes, different per version."""
+    return {f"w{i}": t for i, t in enumerate(_leaves(make_state_dict(version)))}
+
+
 def _leaves(tree: Any) -> list[torch.Tensor]:
     if isinstance(tree, dict):
         return [leaf for value in tree.values() for leaf in _leaves(value)]
@@ -177,8 +205,7 @@ async def test_weight_versions_over_torchstore(users: StoreUser) -> None:
     publisher = users.slice(procs=0)
     for version in (1, 2):
         assert await deadline(publisher.publish.call_one("weights-test", version)) > 0
-    expected = {f"w{i}": t for i, t in enumerate(_leaves(make_state_dict(2)))}
-    assert_same(await deadline(transport.fetch(2)), expected)
+    assert_same(await deadline(transport.fetch(2)), versioned_state_dict(2))
     assert await deadline(transport.versions()) == [1, 2]
 
     # One tensor overwritten after the manifest was written: the fetch refuses the version.
@@ -193,6 +220,35 @@ async def test_weight_versions_over_torchstore(users: StoreUser) -> None:
     await deadline(transport.clear())
     assert await deadline(transport.versions()) == []
     assert not [k for k in await deadline(tsc.keys()) if k.startswith("weights-test/")]
+
+
+async def test_weight_versions_over_rdma_buffers(users: StoreUser) -> None:
+    prefix, transport = "weights-rdma", RdmaTransport("weights-rdma")
+    publisher, reader = users.slice(procs=0), users.slice(procs=1)
+    assert await deadline(publisher.publish_rdma.call_one(prefix, 1)) == 1
+    assert await deadline(publisher.publish_rdma.call_one(prefix, 2)) == 2
+    for version in (1, 2):  # read from the publisher's memory by another process, verified
+        fetched = await deadline(reader.fetch_rdma.call_one(prefix, version))
+        assert_same(fetched, versioned_state_dict(version))
+    assert await deadline(transport.versions()) == [1, 2]
+
+    # A deleted version is gone for readers at once; its buffer is dropped, and written into,
+    # by the publisher's next publish: two buffers at most, however many versions.
+    assert await deadline(delete_older_than(transport, 2)) == [1]
+    with pytest.raises(ActorError, match="WeightVersionGone: version 1 was deleted"):
+        await deadline(reader.fetch_rdma.call_one(prefix, 1))
+    assert await deadline(publisher.publish_rdma.call_one(prefix, 3)) == 2
+    assert_same(await deadline(reader.fetch_rdma.call_one(prefix, 3)), versioned_state_dict(3))
+
+    # Bytes changed after the manifest was written: the reader refuses the version.
+    await deadline(publisher.corrupt_rdma.call_one(3))
+    with pytest.raises(ActorError, match="WeightVersionError: .*checksum mismatch in w0"):
+        await deadline(reader.fetch_rdma.call_one(prefix, 3))
+    with pytest.raises(ActorError, match="WeightVersionError: version 9: no manifest"):
+        await deadline(reader.fetch_rdma.call_one(prefix, 9))
+
+    await deadline(transport.clear())
+    assert not [k for k in await deadline(tsc.keys()) if k.startswith(f"{prefix}/")]
 
 
 def test_shim_is_installed_once() -> None:

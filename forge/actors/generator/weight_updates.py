@@ -1,6 +1,6 @@
 """The generator's weight-update controller: moves its engine from one version to the next.
 
-An update first finds the version and pins its file while generation goes on (torchstore:
+An update first finds the version and pins its file while generation goes on (rdma, torchstore:
 fetches it and stages it in this host's shared memory first). Then, one update at a time, it
 pauses the engine as the update mode says, has the engine verify and load the pinned bytes,
 records the version, and resumes. A version that is missing, incomplete, corrupted or does
@@ -41,7 +41,7 @@ class WeightUpdates:
         self.version = 0
         self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
         self._lock = asyncio.Lock()
-        self._staging: ShmFolder | None = None  # torchstore only: versions staged for the engine
+        self._staging: ShmFolder | None = None  # rdma, torchstore: versions staged for the engine
 
     async def start(self) -> None:
         """Tells the engine its version (0: the checkpoint's weights), for per-token versions."""
@@ -105,7 +105,7 @@ class WeightUpdates:
         return self.version
 
     def close(self) -> None:
-        """Removes the staging folder (torchstore), if one was made."""
+        """Removes the staging folder (rdma, torchstore), if one was made."""
         if self._staging is not None:
             self._staging.remove()
             self._staging = None
@@ -114,7 +114,7 @@ class WeightUpdates:
         """A path to `version`'s packed file, which cannot change or vanish until `stack`
         closes, and its manifest. Not verified here: the engine verifies what it maps."""
         transport = self.transport
-        if not isinstance(transport, SharedMemoryTransport):  # torchstore: stage it locally
+        if not isinstance(transport, SharedMemoryTransport):  # rdma, torchstore: stage it here
             manifest, tensors = await transport.fetch_unverified(version)
             transport = self._staging_transport()
             await transport.publish(version, tensors, manifest)
