@@ -21,6 +21,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -29,10 +30,12 @@ import torch
 
 from forge.weights.manifest import (
     Manifest,
+    TensorEntry,
     WeightVersionError,
     WeightVersionGone,
     build_manifest,
-    pack,
+    checksum,
+    tensor_bytes,
     unpack,
     verify,
 )
@@ -87,10 +90,7 @@ class SharedMemoryTransport:
         folder.mkdir(parents=True)
         with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(layout.total_bytes, 1))
-            with _writable_map(f) as mm:
-                packed = torch.frombuffer(mm, dtype=torch.uint8)
-                checksums = pack(packed, layout, state_dict, checksum_too=given is None)
-                del packed  # the map cannot close while a view of it exists
+            checksums = _write(f, layout, state_dict, checksum_too=given is None)
         manifest = given or build_manifest(version, state_dict, checksums)
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(manifest.to_json())
@@ -239,11 +239,34 @@ def open_version(path: str | Path, expected: Manifest) -> Iterator[dict[str, tor
 _SHARED_POPULATED = mmap.MAP_SHARED | mmap.MAP_POPULATE
 
 
-@contextmanager
-def _writable_map(f: IO[bytes]) -> Iterator[mmap.mmap]:
-    prot = mmap.PROT_READ | mmap.PROT_WRITE
-    with mmap.mmap(f.fileno(), 0, flags=_SHARED_POPULATED, prot=prot) as mm:
-        yield mm
+def _write(
+    f: IO[bytes], layout: Manifest, state_dict: dict[str, torch.Tensor], checksum_too: bool
+) -> dict[str, str]:
+    """Writes each tensor at its offset in `f`, from as many threads as this process has cores
+    for compute; checksums each tensor's bytes as they go if `checksum_too`.
+
+    pwrite, not a mapping: the kernel copies straight into the file's pages, with no page
+    tables to fill and tear down (mapping and unmapping 0.5 GB cost more than the copy), and
+    the publisher's resident set never includes the file.
+    """
+    threads = max(torch.get_num_threads(), 1)
+    shares: list[list[TensorEntry]] = [[] for _ in range(threads)]
+    loads = [0] * threads
+    for e in sorted(layout.tensors, key=lambda e: -e.nbytes):  # largest first: even shares
+        least = loads.index(min(loads))
+        shares[least].append(e)
+        loads[least] += e.nbytes
+
+    def write_share(share: list[TensorEntry]) -> dict[str, str]:
+        written = {}
+        for e in share:
+            data = tensor_bytes(state_dict[e.name])  # any dtype, as contiguous uint8
+            os.pwrite(f.fileno(), data.numpy(), e.offset)
+            written[e.name] = checksum(data) if checksum_too else ""
+        return written
+
+    with ThreadPoolExecutor(threads) as pool:
+        return {k: v for done in pool.map(write_share, shares) for k, v in done.items()}
 
 
 def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
