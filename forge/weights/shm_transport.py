@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import torch
 
@@ -261,12 +261,20 @@ def _write(
         written = {}
         for e in share:
             data = tensor_bytes(state_dict[e.name])  # any dtype, as contiguous uint8
-            os.pwrite(f.fileno(), data.numpy(), e.offset)
+            _pwrite_all(f.fileno(), data.numpy(), e.offset)
             written[e.name] = checksum(data) if checksum_too else ""
         return written
 
     with ThreadPoolExecutor(threads) as pool:
         return {k: v for done in pool.map(write_share, shares) for k, v in done.items()}
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """pwrite until every byte is written: Linux writes at most ~2 GiB per call."""
+    view = memoryview(data).cast("B")
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
 
 
 def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:

@@ -58,6 +58,24 @@ async def test_round_trip_is_exact_and_ordered(transport):
     assert await transport.versions() == [1]
 
 
+async def test_short_writes_are_continued(transport, monkeypatch):
+    """Linux writes at most ~2 GiB per pwrite: a bigger tensor takes several calls. Here every
+    call writes at most 100 bytes, and each tensor still lands whole."""
+    real = os.pwrite
+    calls = []
+
+    def short_pwrite(fd, data, offset):
+        calls.append(offset)
+        return real(fd, memoryview(data)[:100], offset)
+
+    monkeypatch.setattr(os, "pwrite", short_pwrite)
+    sd = state_dict()
+    await transport.publish(1, sd)
+    assert len(calls) > len(sd)  # some tensors took several calls
+    got = await transport.fetch(1)
+    assert all(torch.equal(got[name], tensor) for name, tensor in sd.items())
+
+
 async def test_corrupted_tensor_is_refused(transport):
     await transport.publish(2, state_dict())
     blob = transport._dir(2) / "tensors.bin"
