@@ -95,9 +95,13 @@ def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_pa
         assert [r["step"] for r in records] == steps
         ids = [e for r in records for e in r["episodes"]]
         assert len(ids) == len(set(ids)) == STEPS * 8  # no episode trained twice
-    for key in ("train/loss", "train/grad_norm"):
-        resumed, reference = ([m[key] for m in metrics(runs[n])] for n in ("sync", "uninterrupted"))
-        assert resumed == pytest.approx(reference, rel=1e-5, abs=1e-7), key
+    # The same weights and data at every step: the gradient norm (O(1)) to float32 precision.
+    # Not the loss: a token-mean of advantage-weighted ratios whose advantages sum to zero in
+    # each group, it is rounding around 0 (~1e-7) whose digits follow the summation order.
+    resumed, reference = (
+        [m["train/grad_norm"] for m in metrics(runs[n])] for n in ("sync", "uninterrupted")
+    )
+    assert resumed == pytest.approx(reference, rel=1e-5)
     assert [r["episodes"] for r in trained(runs["sync"])] == [
         r["episodes"] for r in trained(runs["uninterrupted"])
     ]
