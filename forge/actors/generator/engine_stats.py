@@ -52,7 +52,9 @@ class EngineStats:
 
     def snapshot(self) -> dict[str, float]:
         """Tokens/s since the last snapshot, total tokens, running and waiting requests, KV use,
-        and `step_s`: the median interval between the last engine steps (0 before two)."""
+        `step_s`: the median interval between the last engine steps, and `last_step_s`: the
+        latest one (a step that prefills new prompts runs longer than a decode step; both 0
+        before two steps)."""
         now = time.perf_counter()
         then, tokens = self._last
         self._last = (now, self.tokens)
@@ -65,4 +67,5 @@ class EngineStats:
             "waiting": self.waiting,
             "kv_cache_usage": self.kv_cache_usage,
             "step_s": statistics.median(intervals) if intervals else 0.0,
+            "last_step_s": intervals[-1] if intervals else 0.0,
         }
