@@ -97,14 +97,22 @@ def kill_one_mid_run(
     """After 3 steps, SIGKILLs the first of the `expected` processes `find(driver pid)`
     returns, then waits for the run to finish; the driver is killed if the test fails."""
     try:
-        wait_for_steps(proc, run_dir, 3)
-        victims = find(proc.pid)
-        assert len(victims) == expected, victims
-        os.kill(victims[0], signal.SIGKILL)
+        kill_one_after_3_steps(proc, run_dir, find, expected)
         finish(proc, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def kill_one_after_3_steps(
+    proc: subprocess.Popen, run_dir: Path, find: Callable[[int], list[int]], expected: int
+) -> None:
+    """After 3 steps, SIGKILLs the first of the `expected` processes `find(driver pid)`
+    returns."""
+    wait_for_steps(proc, run_dir, 3)
+    victims = find(proc.pid)
+    assert len(victims) == expected, victims
+    os.kill(victims[0], signal.SIGKILL)
 
 
 def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 300):

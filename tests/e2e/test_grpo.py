@@ -5,7 +5,6 @@ surviving a killed generator); test_learning.py checks that GRPO on SmolLM2 lear
 `make grpo` trains on.
 """
 
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from helper_runs import (
     finish,
     finish_all,
     forge_run,
+    kill_one_after_3_steps,
     metrics,
     processes_of,
     trained,
@@ -125,10 +125,7 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
     run_dir = tmp_path / "kill"
     proc = grpo(TINY, run_dir, VOWELS, "steps=1000", "generator_resources.num_replicas=2")
     try:
-        wait_for_steps(proc, run_dir, 3)
-        victims = _generator_processes(proc.pid)
-        assert len(victims) == 2, victims
-        os.kill(victims[0], signal.SIGKILL)
+        kill_one_after_3_steps(proc, run_dir, _generator_processes, 2)
         # The run goes on while the replica is respawned (a new process and engine, 40-60 s
         # under CI's load); it is stopped (Ctrl-C) three steps after the replacement is back.
         recovered = _wait_for_metric(proc, run_dir, "generator/recoveries")
