@@ -9,7 +9,6 @@ As a teacher it can also return, at every completion position, its k most likely
 (`top_logprobs`), from which the trainer computes each position's KL without sampling.
 """
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ from monarch.actor import endpoint
 
 from forge.actors.vllm_scorer import TopLogprobs, VLLMScorer, check_temperature
 from forge.controller import ForgeActor, retry_safe
+from forge.controller.compute_thread import ComputeThread
 from forge.data.collate import first_position, gather_tokens, pad_sequences
 from forge.models import resolve_model, titan
 
@@ -59,6 +59,7 @@ class ReferenceModel(ForgeActor):
         self.cfg = cfg or ReferenceConfig()
         self.scorer: VLLMScorer | None = None
         self.model: Any = None
+        self.compute = ComputeThread("forge-reference")  # one OpenMP pool
 
     @endpoint
     async def setup(self) -> None:
@@ -73,7 +74,7 @@ class ReferenceModel(ForgeActor):
             )
             await self.scorer.start()
             return
-        self.model = await asyncio.to_thread(titan.load_pretrained, resolve_model(cfg.model))
+        self.model = await self.compute.run(titan.load_pretrained, resolve_model(cfg.model))
         self.model.requires_grad_(False)
 
     @endpoint
@@ -82,7 +83,7 @@ class ReferenceModel(ForgeActor):
         """For each (prompt ids, completion ids): the logprob of every completion token."""
         if self.scorer is not None:
             return await self.scorer.logprobs(pairs)
-        return await asyncio.to_thread(self._logprobs, pairs)
+        return await self.compute.run(self._logprobs, pairs)
 
     @endpoint
     @retry_safe
@@ -95,7 +96,7 @@ class ReferenceModel(ForgeActor):
             raise ValueError(f"k must be at least 1, got {k}")
         if self.scorer is not None:
             return await self.scorer.top_logprobs(pairs, k)
-        return await asyncio.to_thread(self._top_logprobs, pairs, k)
+        return await self.compute.run(self._top_logprobs, pairs, k)
 
     def _top_logprobs(self, pairs: list[tuple[list[int], list[int]]], k: int) -> list[TopLogprobs]:
         out: list[TopLogprobs] = []

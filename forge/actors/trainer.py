@@ -26,6 +26,7 @@ from monarch.actor import endpoint
 
 from forge.actors.checkpointing import CheckpointConfig, Checkpointer
 from forge.controller import ForgeActor
+from forge.controller.compute_thread import ComputeThread
 from forge.controller.placement import pin_to_cores
 from forge.data.collate import Batch, collate, first_position, gather_tokens, pad_sequences
 from forge.data.episode import Episode
@@ -40,7 +41,7 @@ from forge.models.titan import (
     token_logprobs,
 )
 from forge.models.titan_compat import force_sum_reduction, use_device_type
-from forge.observability.memory import PeakMemory, release_free_heap
+from forge.observability.memory import PeakMemory
 from forge.weights.transport import TransportConfig, make_transport
 
 # The parts of the generator-vs-trainer KL a step sums over micro-batches, then over ranks.
@@ -136,12 +137,13 @@ class TitanTrainer(ForgeActor):
         self.cfg = cfg or TrainerConfig()
         self.step = 0
         self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
-        self._threads = torch.get_num_threads()  # for the compute threads; see _compute
+        # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
+        self.compute = ComputeThread("forge-trainer")
 
     @endpoint
     async def setup(self) -> None:
         """Joins the process group, builds and shards the model, resumes the latest checkpoint."""
-        await asyncio.to_thread(self._setup)
+        await self.compute.run(self._setup)
 
     def _setup(self) -> None:
         cuda = torch.cuda.is_available()
@@ -238,21 +240,7 @@ class TitanTrainer(ForgeActor):
         """
         if len(batches) != self.world:
             raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
-        return await self._compute(self._train_step, batches[self.rank], policy_version)
-
-    async def _compute(self, fn: Any, *args: Any) -> Any:
-        """Runs `fn` in a worker thread with this process's thread count.
-
-        PyTorch sizes each thread's OpenMP pool once, when that thread first computes, so a
-        pool thread would keep the count of its first call after `use_cores` changed it.
-        """
-
-        def sized() -> Any:
-            if torch.get_num_threads() != self._threads:
-                torch.set_num_threads(self._threads)
-            return fn(*args)
-
-        return await asyncio.to_thread(sized)
+        return await self.compute.run(self._train_step, batches[self.rank], policy_version)
 
     @endpoint
     async def use_cores(self, cpus: list[int]) -> list[int]:
@@ -261,13 +249,13 @@ class TitanTrainer(ForgeActor):
         share = len(cpus) // self.world
         mine = cpus[self.rank * share : (self.rank + 1) * share] if share else cpus
         pin_to_cores(mine)
-        self._threads = len(mine)
+        self.compute.threads = len(mine)
         return sorted(os.sched_getaffinity(0))
 
     @endpoint
     async def cores(self) -> dict[str, Any]:
         """Pid, cores, and the thread count its compute runs with."""
-        threads = await self._compute(torch.get_num_threads)
+        threads = await self.compute.run(torch.get_num_threads)
         return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)), "threads": threads}
 
     @endpoint
@@ -278,7 +266,7 @@ class TitanTrainer(ForgeActor):
         Returns {"train_s": one step on the batch, "stale_s": what the exact mismatch pass
         adds when the batch is one version old}. Changes no weight and no optimizer state.
         """
-        return await self._compute(self._calibrate, batches[self.rank], micro_batches)
+        return await self.compute.run(self._calibrate, batches[self.rank], micro_batches)
 
     def _calibrate(self, episodes: list[Episode], count: int) -> dict[str, float]:
         self.model.train()
@@ -287,9 +275,8 @@ class TitanTrainer(ForgeActor):
         # Spread over the length-sorted micro-batches; the shortest first, untimed, warms up.
         picked = sorted({round(i * (len(micro) - 1) / max(count - 1, 1)) for i in range(count)})
         self._forward(micro[0])[1].backward()
-        # Then as a step starts: no gradients, and a heap whose free pages went back.
+        # Then as a step starts: no gradients.
         self.optimizer.zero_grad(set_to_none=True)
-        release_free_heap()
         start = time.perf_counter()
         for i in picked:
             self._forward(micro[i])[1].backward()
@@ -349,7 +336,6 @@ class TitanTrainer(ForgeActor):
             weights = [p.detach().clone() for p in self._sharded_parameters()]
             self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
-        release_free_heap()
         sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
         totals = _all_sum_each(sums)
         self.step += 1
@@ -562,7 +548,7 @@ class TitanTrainer(ForgeActor):
         """The objective's loss on `batches[rank]` per rank, without a step: a held-out loss."""
         if len(batches) != self.world:
             raise ValueError(f"got {len(batches)} batches for {self.world} data-parallel ranks")
-        return await self._compute(self._eval_loss, batches[self.rank])
+        return await self.compute.run(self._eval_loss, batches[self.rank])
 
     def _eval_loss(self, episodes: list[Episode]) -> float:
         self.model.eval()
@@ -579,7 +565,7 @@ class TitanTrainer(ForgeActor):
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Per-token logprobs of each (prompt ids, completion ids) under the current weights,
         `micro_batch_size` sequences per forward pass. Call on every rank with the same pairs."""
-        return await self._compute(self._compute_logprobs, pairs)
+        return await self.compute.run(self._compute_logprobs, pairs)
 
     def _compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         self.model.eval()
@@ -604,16 +590,21 @@ class TitanTrainer(ForgeActor):
     async def push_weights(self, version: int) -> dict[str, float]:
         """Publishes the current weights as `version` (HF names). Call on every rank."""
         start = time.perf_counter()
-        state_dict = await asyncio.to_thread(self._full_state_dict)
+        state_dict = await self.compute.run(self._hf_state_dict)
         gathered = time.perf_counter()
-        if self.rank != 0:
+        if state_dict is None:
             return {"gather_s": gathered - start}
-        manifest = await self.transport.publish(version, self.titan.adapter.to_hf(state_dict))
+        manifest = await self.transport.publish(version, state_dict)
         return {
             "gather_s": gathered - start,
             "publish_s": time.perf_counter() - gathered,
             "bytes": manifest.total_bytes,
         }
+
+    def _hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full weights, HF-named, on rank 0; None on the other ranks."""
+        state_dict = self._full_state_dict()
+        return self.titan.adapter.to_hf(state_dict) if self.rank == 0 else None
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full tensors on rank 0. On one unsharded rank they alias the live
@@ -635,14 +626,13 @@ class TitanTrainer(ForgeActor):
         writes the folder (the source checkpoint's config and tokenizer, the trained weights)
         and replaces an existing one only once complete; transformers and vLLM load it as is.
         """
-        return await asyncio.to_thread(self._export_hf, path)
+        return await self.compute.run(self._export_hf, path)
 
     def _export_hf(self, path: str) -> str:
         from forge.models.hf_export import save_hf
 
-        state_dict = self._full_state_dict()
-        if self.rank == 0:
-            hf = self.titan.adapter.to_hf(state_dict)
+        hf = self._hf_state_dict()
+        if hf is not None:
             save_hf(hf, resolve_model(self.cfg.model), path)
         return path
 
@@ -653,7 +643,7 @@ class TitanTrainer(ForgeActor):
         In the background (default: the config's `async_save`) it returns once the state is
         staged; the checkpoint becomes `latest` when written. Returns the seconds it blocked.
         """
-        return await asyncio.to_thread(self.checkpointer.save, self.step, background)
+        return await self.compute.run(self.checkpointer.save, self.step, background)
 
     @endpoint
     async def wait_checkpoint(self) -> None:

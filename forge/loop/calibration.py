@@ -11,6 +11,9 @@ step; nothing when cached.
 """
 
 import asyncio
+import functools
+import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -41,14 +44,33 @@ def cache_path() -> Path:
 
 
 def cache_key(c: "RLConfig", cores: int) -> str:
-    """What the costs depend on: the machine, the model, and the shape of a step."""
+    """What the costs depend on: the machine, the code, the model, and the shape of a step."""
     t, s = c.trainer, c.generator.sampling
     parts = (
-        _cpu_model(), cores, c.generator.model, t.model, t.dtype, c.buffer.batch_size,
-        c.group_size, s.max_tokens, c.dataset.task, t.micro_batch_size, t.logits_chunk_tokens,
-        t.activation_checkpointing, t.objective,
+        _cpu_model(), cores, code_version(), c.generator.model, t.model, t.dtype,
+        c.buffer.batch_size, c.group_size, s.max_tokens, c.dataset.task, t.micro_batch_size,
+        t.logits_chunk_tokens, t.activation_checkpointing, t.objective,
     )  # fmt: skip
     return "|".join(map(str, parts))
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of forge's own source and the versions of torch and vLLM: a change to any of
+    them may change what a phase costs, so costs cached before it are not reused."""
+    digest = hashlib.sha256(f"{_version('torch')}|{_version('vllm')}".encode())
+    root = Path(__file__).parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
 
 
 def load(key: str) -> PhaseCosts | None:

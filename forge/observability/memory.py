@@ -6,11 +6,8 @@
 
 On CPU the kernel's high-water mark of the resident set (VmHWM) is reset through
 /proc/self/clear_refs, so each span gets its own peak, not the process's lifetime maximum.
-
-`release_free_heap()` hands the heap's freed pages back to the kernel (glibc's malloc_trim).
 """
 
-import ctypes
 import re
 from pathlib import Path
 
@@ -43,20 +40,3 @@ class PeakMemory:
         kib = re.search(r"VmHWM:\s+(\d+) kB", _STATUS.read_text())
         return int(kib.group(1)) * 1024 / 1e9
 
-
-def release_free_heap() -> None:
-    """Returns the C heap's free pages to the kernel, in every malloc arena.
-
-    glibc keeps what torch frees (activations, logits, gradients) in per-thread arenas, and a
-    training step's allocations of various sizes leave it fragmented: measured on SmolLM2 with
-    micro-batches, a trainer held 1.9 GB more than it used between steps. One trim per step
-    costs milliseconds plus the page faults of memory touched again (trimming on every free,
-    MALLOC_TRIM_THRESHOLD_=0, made steps ~30% slower). A no-op where libc is not glibc.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-# Looked up once: the process's own symbols include its C library's (no find_library, which
-# runs ldconfig in a subprocess).
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)

@@ -41,3 +41,10 @@ def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
     for changed in ("buffer.batch_size=64", "generator.sampling.max_tokens=64",
                     "trainer.micro_batch_size=4", "trainer.model=tiny-llama"):  # fmt: skip
         assert calibration.cache_key(config(changed), 2) != key, changed
+
+
+def test_costs_measured_with_other_code_are_not_reused(monkeypatch):
+    key = calibration.cache_key(config(), 2)
+    assert calibration.code_version() in key
+    monkeypatch.setattr(calibration, "code_version", lambda: "edited")  # a source file changed
+    assert calibration.cache_key(config(), 2) != key
