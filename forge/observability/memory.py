@@ -39,4 +39,3 @@ class PeakMemory:
             return torch.cuda.max_memory_allocated(self.device) / 1e9
         kib = re.search(r"VmHWM:\s+(\d+) kB", _STATUS.read_text())
         return int(kib.group(1)) * 1024 / 1e9
-
