@@ -123,6 +123,17 @@ def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: f
         time.sleep(0.5)
 
 
+def wait_for_metric(proc: subprocess.Popen, run_dir: Path, key: str, timeout: float = 600) -> int:
+    """Polls metrics.jsonl until a step reports `key` >= 1; returns that step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hit = [m["step"] for m in metrics(run_dir) if m.get(key, 0) >= 1]
+        if hit:
+            return hit[0]
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {key} in {timeout}s"
+        time.sleep(0.5)
+
+
 def complete_groups(run_dir: Path, group_size: int, steps: list[dict]) -> None:
     """Every episode trained once; missing group members only as counted stale evictions.
 

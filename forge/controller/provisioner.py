@@ -349,13 +349,20 @@ class Provisioner:
         return sum(p.world_size for _, p, _, _ in self._meshes.values())
 
     async def shutdown(self) -> None:
-        """Stops every service, actor and proc mesh started here, then the hosts' job."""
-        for thing in reversed(list(self._owned)):
-            await thing.shutdown()
+        """Stops every service, actor and proc mesh started here, then the hosts' job.
+
+        Everything stops at once (a vLLM engine alone takes seconds to exit); an error is
+        raised once the rest has stopped.
+        """
+        actors = list(self._actors.values())  # meshes of `as_actor` handles: no service's
+        owned = await asyncio.gather(
+            *(thing.shutdown() for thing in self._owned),
+            *(self.stop_procs(mesh) for mesh in actors),
+            return_exceptions=True,
+        )
         self._owned.clear()
         self._actors.clear()
-        for mesh, *_ in list(self._meshes.values()):
-            await self.stop_procs(mesh)
+        await asyncio.gather(*(self.stop_procs(mesh) for mesh, *_ in list(self._meshes.values())))
         for group, _ in self._groups.values():
             release(self._devices, group)
         self._groups.clear()
@@ -363,6 +370,9 @@ class Provisioner:
             self._job.kill()
             self._job = None
         self._host_mesh = None
+        errors = [e for e in owned if isinstance(e, BaseException)]
+        if errors:
+            raise errors[0]
 
 
 def _replace_port(placement: Placement, port: int, addr: str = "localhost") -> Placement:

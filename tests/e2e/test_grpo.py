@@ -9,9 +9,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,6 +23,7 @@ from helper_runs import (
     metrics,
     processes_of,
     trained,
+    wait_for_metric,
     wait_for_steps,
 )
 
@@ -128,7 +127,7 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
         kill_one_after_3_steps(proc, run_dir, _generator_processes, 2)
         # The run goes on while the replica is respawned (a new process and engine, 40-60 s
         # under CI's load); it is stopped (Ctrl-C) three steps after the replacement is back.
-        recovered = _wait_for_metric(proc, run_dir, "generator/recoveries")
+        recovered = wait_for_metric(proc, run_dir, "generator/recoveries")
         wait_for_steps(proc, run_dir, recovered + 3)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -144,17 +143,6 @@ def test_a_killed_generator_replica_is_replaced_and_no_episode_is_lost(tmp_path)
     complete_groups(run_dir, 4, steps)
     # Generator vs trainer logprobs of the same tokens under the same weights, every step.
     assert all(m["train/mismatch_kl"] < 1e-3 for m in steps)
-
-
-def _wait_for_metric(proc: subprocess.Popen, run_dir: Path, key: str, timeout: float = 600) -> int:
-    """Polls metrics.jsonl until a step reports `key` >= 1; returns that step."""
-    deadline = time.monotonic() + timeout
-    while True:
-        hit = [m["step"] for m in metrics(run_dir) if m.get(key, 0) >= 1]
-        if hit:
-            return hit[0]
-        assert proc.poll() is None and time.monotonic() < deadline, f"no {key} in {timeout}s"
-        time.sleep(0.5)
 
 
 def test_console_shows_forge_lines_only_and_the_log_file_the_rest(tmp_path):

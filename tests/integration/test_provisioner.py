@@ -79,6 +79,23 @@ async def test_shutdown_stops_every_process_it_started():
     assert await _settled(before)
 
 
+async def test_a_failing_shutdown_stops_the_rest_then_raises():
+    """Everything stops at once; one thing's error does not leave the others running."""
+
+    class Broken:
+        async def shutdown(self) -> None:
+            raise RuntimeError("broken on purpose")
+
+    before = descendants()
+    await Echo.options(num_replicas=2).as_service()
+    get_provisioner().own(Broken())
+    await Echo.options(procs=1).as_actor()
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        await shutdown()
+    assert get_provisioner().num_procs == 0
+    assert await _settled(before)
+
+
 async def _settled(before: set[int], timeout: float = 10.0) -> bool:
     async with asyncio.timeout(timeout):
         while descendants() - before:
