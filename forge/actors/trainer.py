@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from forge.data.collate import Batch, collate, first_position, gather_tokens, pa
 from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, kl_k3, masked_sum
 from forge.models import resolve_model
+from forge.models.hf_layout import HfLayout
 from forge.models.titan import (
     LOGITS_CHUNK_TOKENS,
     build,
@@ -137,6 +138,7 @@ class TitanTrainer(ForgeActor):
         self.cfg = cfg or TrainerConfig()
         self.step = 0
         self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
+        self._hf_layout: Callable[[dict], dict] | None = None  # learned at the first use
         # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
         self.compute = ComputeThread("forge-trainer")
 
@@ -602,9 +604,16 @@ class TitanTrainer(ForgeActor):
         }
 
     def _hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full weights, HF-named, on rank 0; None on the other ranks."""
+        """The full weights, HF-named, on rank 0; None on the other ranks. Reordered tensors
+        live in buffers that the next call overwrites."""
         state_dict = self._full_state_dict()
-        return self.titan.adapter.to_hf(state_dict) if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        if self._hf_layout is None:
+            self._hf_layout = HfLayout.learn(self.titan.adapter, state_dict) or (
+                self.titan.adapter.to_hf
+            )
+        return self._hf_layout(state_dict)
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full tensors on rank 0. On one unsharded rank they alias the live

@@ -6,6 +6,9 @@
 
 On CPU the kernel's high-water mark of the resident set (VmHWM) is reset through
 /proc/self/clear_refs, so each span gets its own peak, not the process's lifetime maximum.
+Shared memory this process maps (RssShmem: the weight files a trainer keeps mapped to publish
+into) is left out: those pages are the transport's, under /dev/shm, whoever maps them, and
+stay mapped through a span, so the peak less them is the process's own.
 """
 
 import re
@@ -37,5 +40,10 @@ class PeakMemory:
     def gb(self) -> float:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / 1e9
-        kib = re.search(r"VmHWM:\s+(\d+) kB", _STATUS.read_text())
-        return int(kib.group(1)) * 1024 / 1e9
+        status = _STATUS.read_text()
+        peak, shared = (_kib(status, field) for field in ("VmHWM", "RssShmem"))
+        return (peak - shared) * 1024 / 1e9
+
+
+def _kib(status: str, field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1))

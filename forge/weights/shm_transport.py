@@ -5,7 +5,11 @@ place after it, so its presence means the version is complete.
 
 A deleted version's file is kept in `<root>/free/` and rewritten by the next publish: its pages
 already exist, and writing into fresh tmpfs pages costs a page fault each (~5x slower than a
-copy). So that verified bytes can never change under a reader, readers hold a shared `flock`
+copy). The publisher keeps its mapping of each file it wrote while the file is in use, so that
+a version is a plain memory copy: `pwrite` into tmpfs costs a page-cache lookup per 4 KiB page
+and serialises on the file's lock (0.14 s for 538 MB here, against 0.05 s copied from two
+threads into the kept mapping). So that verified bytes can never change under a reader, readers
+hold a shared `flock`
 on the file from before they verify the bytes until they no longer map them, and a publisher
 rewrites a free file only if it gets the exclusive lock at once, else it writes a fresh file.
 A generator pins a version (`pin`: the lock, and a path to that very file), and its vLLM engine
@@ -24,8 +28,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+import numpy as np
 import torch
 
 from forge.weights.manifest import (
@@ -54,6 +59,7 @@ class SharedMemoryTransport:
     def __init__(self, root: str | Path | None, fetch_timeout_s: float = 60.0) -> None:
         self._root = None if root is None else Path(root)
         self.fetch_timeout_s = fetch_timeout_s
+        self._mapped: dict[tuple[int, int, int], mmap.mmap] = {}  # (dev, inode, size) ->
 
     @property
     def root(self) -> Path:
@@ -90,7 +96,7 @@ class SharedMemoryTransport:
         folder.mkdir(parents=True)
         with self._file_to_write(folder / "tensors.bin") as f:
             f.truncate(max(layout.total_bytes, 1))
-            checksums = _write(f, layout, state_dict, checksum_too=given is None)
+            checksums = _write(self._mapping(f), layout, state_dict, checksum_too=given is None)
         manifest = given or build_manifest(version, state_dict, checksums)
         tmp = folder / "manifest.json.tmp"
         tmp.write_text(manifest.to_json())
@@ -118,6 +124,24 @@ class SharedMemoryTransport:
                 return
         with open(blob, "wb+") as f:
             yield f
+
+    def _mapping(self, f: IO[bytes]) -> mmap.mmap:
+        """This process's writable mapping of `f`, made once per file and kept while the file
+        is a version's or a free one; mappings of files gone since are dropped here, so the
+        memory of a deleted file is given back."""
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size)
+        live = {_inode(p) for p in self.root.glob("*/*.bin")}
+        for old in [k for k in self._mapped if k != key and k[:2] not in live]:
+            _unmap(self._mapped.pop(old))
+        if key not in self._mapped:
+            self._mapped[key] = mmap.mmap(f.fileno(), st.st_size, flags=_SHARED_POPULATED)
+        return self._mapped[key]
+
+    def _unmap_all(self) -> None:
+        for mm in self._mapped.values():
+            _unmap(mm)
+        self._mapped.clear()
 
     async def locate(self, version: int) -> tuple[Path, Manifest]:
         """Waits for `version`'s manifest; returns the version's folder and its manifest.
@@ -173,6 +197,7 @@ class SharedMemoryTransport:
         await asyncio.to_thread(self._clear)
 
     def _clear(self) -> None:
+        self._unmap_all()
         shutil.rmtree(self.root, ignore_errors=True)
         for parent in self.root.parents:
             if os.path.ismount(parent):
@@ -240,15 +265,12 @@ _SHARED_POPULATED = mmap.MAP_SHARED | mmap.MAP_POPULATE
 
 
 def _write(
-    f: IO[bytes], layout: Manifest, state_dict: dict[str, torch.Tensor], checksum_too: bool
+    mm: mmap.mmap, layout: Manifest, state_dict: dict[str, torch.Tensor], checksum_too: bool
 ) -> dict[str, str]:
-    """Writes each tensor at its offset in `f`, from as many threads as this process has cores
-    for compute; checksums each tensor's bytes as they go if `checksum_too`.
-
-    pwrite, not a mapping: the kernel copies straight into the file's pages, with no page
-    tables to fill and tear down (mapping and unmapping 0.5 GB cost more than the copy), and
-    the publisher's resident set never includes the file.
-    """
+    """Copies each tensor to its offset in the mapped file `mm`, from as many threads as this
+    process has cores for compute (numpy copies without the GIL, and without a second OpenMP
+    pool in this process); checksums each tensor's bytes as they go if `checksum_too`."""
+    file = np.frombuffer(mm, dtype=np.uint8)
     threads = max(torch.get_num_threads(), 1)
     shares: list[list[TensorEntry]] = [[] for _ in range(threads)]
     loads = [0] * threads
@@ -261,7 +283,7 @@ def _write(
         written = {}
         for e in share:
             data = tensor_bytes(state_dict[e.name])  # any dtype, as contiguous uint8
-            _pwrite_all(f.fileno(), data.numpy(), e.offset)
+            np.copyto(file[e.offset : e.offset + e.nbytes], data.numpy())
             written[e.name] = checksum(data) if checksum_too else ""
         return written
 
@@ -269,12 +291,19 @@ def _write(
         return {k: v for done in pool.map(write_share, shares) for k, v in done.items()}
 
 
-def _pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """pwrite until every byte is written: Linux writes at most ~2 GiB per call."""
-    view = memoryview(data).cast("B")
-    while view:
-        done = os.pwrite(fd, view, offset)
-        view, offset = view[done:], offset + done
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _unmap(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a view is still alive: the mapping goes when it is freed
 
 
 def _read_copy(folder: Path, manifest: Manifest) -> dict[str, torch.Tensor]:

@@ -58,22 +58,30 @@ async def test_round_trip_is_exact_and_ordered(transport):
     assert await transport.versions() == [1]
 
 
-async def test_short_writes_are_continued(transport, monkeypatch):
-    """Linux writes at most ~2 GiB per pwrite: a bigger tensor takes several calls. Here every
-    call writes at most 100 bytes, and each tensor still lands whole."""
-    real = os.pwrite
-    calls = []
+async def test_the_publisher_maps_only_files_in_use_and_none_after_clear(transport):
+    """The publisher keeps its mapping of each file it wrote while the file is a version's
+    or a free one; a deleted file's mapping is dropped at the next publish (its memory given
+    back), and `clear` drops them all. Every version reads back exact."""
+    root = transport.root
+    for version in (1, 2, 3):
+        await transport.publish(version, state_dict(version))
+    await transport.delete(1)  # kept in free/ for the next publish
+    await transport.delete(2)  # free/ is full: removed while the publisher maps it
+    assert any(path.endswith("(deleted)") for path in mapped_under(root))
+    await transport.publish(4, state_dict(4))  # into version 1's file
+    on_disk = {str(p) for p in root.glob("*/*.bin")}
+    assert set(mapped_under(root)) == on_disk and len(on_disk) == 2
+    for version in (3, 4):
+        got = await transport.fetch(version)
+        assert all(torch.equal(got[k], t) for k, t in state_dict(version).items())
+    await transport.clear()
+    assert mapped_under(root) == []
 
-    def short_pwrite(fd, data, offset):
-        calls.append(offset)
-        return real(fd, memoryview(data)[:100], offset)
 
-    monkeypatch.setattr(os, "pwrite", short_pwrite)
-    sd = state_dict()
-    await transport.publish(1, sd)
-    assert len(calls) > len(sd)  # some tensors took several calls
-    got = await transport.fetch(1)
-    assert all(torch.equal(got[name], tensor) for name, tensor in sd.items())
+def mapped_under(root) -> list[str]:
+    """The files under `root` this process maps."""
+    lines = open("/proc/self/maps").read().splitlines()
+    return sorted({line.split(None, 5)[5] for line in lines if f" {root}/" in line})
 
 
 async def test_corrupted_tensor_is_refused(transport):
