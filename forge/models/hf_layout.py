@@ -88,4 +88,5 @@ def _row_order(
     if not torch.equal(rows.sort().values, torch.arange(len(rows))):
         return None
     identity = torch.equal(rows, torch.arange(len(rows)))
-    return _Source(name, None if identity else rows)
+    # index_select wants its indices where the tensor is (a GPU trainer's own weights).
+    return _Source(name, None if identity else rows.to(state_dict[name].device))
