@@ -3,11 +3,13 @@
 For each batch size (sequences per step) it runs the GRPO app in this process, four times,
 on the default CPU config: `placement: auto` first (it calibrates, into a calibration cache of
 this run's own, and picks), then colocated-sync, split-sync and split-async (each predicted
-from that calibration). Seconds per step are the median of steps 2-4 (the first also starts
-the pipeline). It prints one table per batch size: measured, predicted, their ratio; whether
-auto is within 5% of the fastest placement measured; and the colocated trainer's FLOP rate
-(6 x parameters x tokens / training time) against an fp32 matmul on the same cores, measured
-in this process just before and just after that run (their mean).
+from that calibration). Seconds per step are the median of steps 2-6, from the run's elapsed
+time at each step's end (the first step also starts the pipeline; steps 2-3 still grow the
+trainer's heap, so five steps keep a slow one from deciding the comparison). It prints one
+table per batch size: measured, predicted, their ratio; whether auto is within 5% of the
+fastest placement measured; and the colocated trainer's FLOP rate (6 x parameters x tokens /
+training time, median of steps 2-6) against an fp32 matmul on the same cores, measured in
+this process just before and just after that run (their mean).
 
     python bench/placement.py [--sizes 16 64] [--config ...] [k=v ...]
 """
@@ -30,7 +32,7 @@ from forge.loop.pipeline import Prediction
 from forge.models import resolve_model
 
 APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
-STEPS = 4
+STEPS = 6
 PLACEMENTS = {  # name: overrides
     "auto": ["placement=auto"],
     "colocated-sync": ["placement=colocated", "mode=sync"],
@@ -48,7 +50,10 @@ async def run(config: str, name: str, overrides: list[str]) -> dict:
     print(f"{name}: {' '.join(overrides)} -> {run_dir}", flush=True)
     await app_main(cfg)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {**json.loads((run_dir / "pipeline.json").read_text()), "metrics": metrics}
+    ends = [m["run/elapsed_s"] for m in metrics]
+    measured = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)])
+    pipeline = json.loads((run_dir / "pipeline.json").read_text())
+    return {**pipeline, "measured_s_per_step": measured, "metrics": metrics}
 
 
 def parameters(config: str) -> int:
