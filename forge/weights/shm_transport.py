@@ -135,7 +135,14 @@ class SharedMemoryTransport:
         for old in [k for k in self._mapped if k != key and k[:2] not in live]:
             _unmap(self._mapped.pop(old))
         if key not in self._mapped:
-            self._mapped[key] = mmap.mmap(f.fileno(), st.st_size, flags=_SHARED_POPULATED)
+            # Mapped through an open of its own: mmap keeps a duplicate of the descriptor it is
+            # given, and one of `f` would keep `f`'s exclusive lock, and every reader out, for
+            # as long as the mapping is kept.
+            fd = os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDWR)
+            try:
+                self._mapped[key] = mmap.mmap(fd, st.st_size, flags=_SHARED_POPULATED)
+            finally:
+                os.close(fd)
         return self._mapped[key]
 
     def _unmap_all(self) -> None:

@@ -2,6 +2,7 @@
 rewriting bytes a reader holds, and forge's shared-memory folders given back."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -76,6 +77,22 @@ async def test_the_publisher_maps_only_files_in_use_and_none_after_clear(transpo
         assert all(torch.equal(got[k], t) for k, t in state_dict(version).items())
     await transport.clear()
     assert mapped_under(root) == []
+
+
+async def test_a_version_published_into_a_free_file_is_not_locked_by_its_publisher(tmp_path):
+    """A publisher takes a free file under an exclusive lock; once the version is published,
+    readers can lock it, although the publisher keeps its mapping of the file (here a new
+    publisher, as a restarted trainer is, maps the file for the first time)."""
+    first = SharedMemoryTransport(tmp_path / "weights")
+    for version in (1, 2):
+        await first.publish(version, state_dict(version))
+    await first.delete(1)
+    restarted = SharedMemoryTransport(tmp_path / "weights")
+    await restarted.publish(3, state_dict(3))  # into version 1's file, mapped afresh
+    with open(restarted._dir(3) / "tensors.bin", "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # BlockingIOError if still locked
+    got = await restarted.fetch(3)
+    assert all(torch.equal(got[k], t) for k, t in state_dict(3).items())
 
 
 def mapped_under(root) -> list[str]:
