@@ -80,9 +80,10 @@ def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
     for code in cells[:3]:
         _run(client, code)
     kernel_pid = manager.provisioner.process.pid
-    long_cell = client.execute("while True:\n    await workers.work.route(1, seconds=0.2)")
-    _wait_until_busy(client)
-    time.sleep(1.0)  # let a few calls run: the interrupt lands mid-call
+    long_cell = client.execute(
+        "while True:\n    await workers.work.route(1, seconds=0.2)\n    print('.', end='')"
+    )
+    _wait_for_calls(client, long_cell, 3)  # calls run: the interrupt lands mid-call
     manager.interrupt_kernel()
     reply = client.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == long_cell
@@ -95,8 +96,10 @@ def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
     assert not alive, [p.cmdline() for p in alive]
 
 
-def _wait_until_busy(client) -> None:
-    while True:
+def _wait_for_calls(client, cell: str, calls: int) -> None:
+    """Reads the kernel's output until `cell` has printed a dot for each of `calls` calls."""
+    done = 0
+    while done < calls:
         msg = client.get_iopub_msg(timeout=60)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy":
-            return
+        if msg["parent_header"].get("msg_id") == cell and msg["msg_type"] == "stream":
+            done += msg["content"]["text"].count(".")
