@@ -355,7 +355,7 @@ class Provisioner:
         raised once the rest has stopped.
         """
         actors = list(self._actors.values())  # meshes of `as_actor` handles: no service's
-        owned = await asyncio.gather(
+        stopped = await asyncio.gather(
             *(thing.shutdown() for thing in self._owned),
             *(self.stop_procs(mesh) for mesh in actors),
             return_exceptions=True,
@@ -370,7 +370,7 @@ class Provisioner:
             self._job.kill()
             self._job = None
         self._host_mesh = None
-        errors = [e for e in owned if isinstance(e, BaseException)]
+        errors = [e for e in stopped if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
 
