@@ -54,7 +54,7 @@ sft: $(STAMP)
 	$(PY) -m forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check forge apps bench tests notebooks

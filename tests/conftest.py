@@ -9,4 +9,4 @@ sys.path.insert(0, _here)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_here, os.environ.get("PYTHONPATH")]))
 
 # GPU-only tests skip where there is no GPU; under FORGE_NO_SKIPS=1 every other skip fails CI.
-pytest_plugins = ["helper_skips"]
+pytest_plugins = ["helper_skips", "helper_order"]

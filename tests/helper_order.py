@@ -1,0 +1,34 @@
+"""Runs the slowest test files first, so that the two xdist workers finish together.
+
+`make test` runs `-n 2 --dist loadfile --no-loadscope-reorder`: each worker takes the next
+file in collection order when it runs low. xdist's default order (most tests first) left the
+few-test, many-minute end-to-end files for last, where one of them could run alone while the
+other worker sat idle. Seconds are from the last CI run's durations, with setup.
+"""
+
+import pytest
+
+SLOWEST_FIRST = (
+    "e2e/test_learning.py",  # ~760 s: the SmolLM2 SFT teacher, then distillation from it
+    "e2e/test_grpo.py",  # ~750 s
+    "e2e/test_notebooks.py",  # ~620 s
+    "e2e/test_learning_grpo.py",  # ~450 s: SmolLM2 GRPO learning, the batch-64 memory bound
+    "e2e/test_resume.py",  # ~370 s
+    "e2e/test_distillation.py",  # ~300 s
+    "e2e/test_colocated.py",  # ~300 s
+    "integration/test_slurm.py",  # ~250 s
+    "e2e/test_given_back.py",  # ~140 s
+    "integration/test_generator_service.py",  # ~130 s
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.path.as_posix()
+    for rank, tail in enumerate(SLOWEST_FIRST):
+        if path.endswith("tests/" + tail):
+            return rank
+    return len(SLOWEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: each file's tests keep their order
