@@ -22,7 +22,7 @@ EXTRAS := cpu,dev,metrics
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 
-.PHONY: install grpo distill sft test lint demo bench lab clean
+.PHONY: install grpo grpo-lora distill sft test lint demo bench lab clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ endif
 
 grpo: $(STAMP)
 	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_cpu.yaml $(ARGS)
+
+# GRPO training LoRA adapters on the frozen model (configs/grpo/smollm2_lora_cpu.yaml).
+grpo-lora: $(STAMP)
+	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_lora_cpu.yaml $(ARGS)
 
 # The distillation config's teacher is `make sft`'s exported model: trained first if missing.
 distill: $(STAMP)

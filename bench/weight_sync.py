@@ -12,7 +12,12 @@ Versions are retired as a run retires them, so the steady state is what is repor
 of versions 3..N. The first two each create the file (shm) or buffer (rdma) that every later
 version reuses, a run holding at most two at a time; their figures are printed as they come.
 
-    python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore]
+With `--lora` it compares, over shared memory, a LoRA trainer (rank 16 on every linear layer
+of the decoder) with a full one: each takes a GRPO step on 16 sequences before each version,
+and the bench prints for both the bytes of a version, publish + fetch + swap, their ratios,
+and the trainer's peak resident memory over its steps.
+
+    python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore] [--lora]
 """
 
 import argparse
@@ -28,11 +33,13 @@ import monarch.rdma
 import torch
 from monarch.actor import Actor, endpoint, this_host
 from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
+from trainer_memory import batch as grpo_batch
 
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.models import smollm2
+from forge.models.lora import LoRAConfig
 from forge.models.titan import hf_state_dict
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
@@ -97,12 +104,19 @@ async def raw_rdma_rate(nbytes: int, repeats: int = 3) -> float:
 WARM = 3
 
 
-async def measure(transport: TransportConfig, versions: int) -> dict[str, float]:
-    """Median per-phase seconds over versions WARM..N for one transport."""
+async def measure(
+    transport: TransportConfig, versions: int, lora: LoRAConfig | None = None, train: bool = False
+) -> dict[str, float]:
+    """Median per-phase seconds over versions WARM..N for one transport; with `train`, a GRPO
+    step before each version, and the trainer's peak memory over them ("peak_rss_gb")."""
     model = str(smollm2())
-    trainer = await TitanTrainer.as_actor(TrainerConfig(model=model, transport=transport))
+    trainer = await TitanTrainer.as_actor(
+        TrainerConfig(model=model, transport=transport, lora=lora, micro_batch_size=8)
+    )
     generator = await Generator.as_actor(
-        GeneratorConfig(model=model, max_model_len=512, kv_cache_mb=64, transport=transport)
+        GeneratorConfig(
+            model=model, max_model_len=512, kv_cache_mb=64, transport=transport, lora=lora
+        )
     )
     store = make_transport(transport)
     phases: dict[str, list[float]] = {
@@ -111,8 +125,13 @@ async def measure(transport: TransportConfig, versions: int) -> dict[str, float]
         "swap": [],
         "pause": [],
         "verify": [],
+        "bytes": [],
+        "peak_rss_gb": [],
     }
     for version in range(1, versions + 1):
+        if train:
+            step = await trainer.train_step.call_one([grpo_batch(16, seed=version)])
+            phases["peak_rss_gb"].append(step["peak_rss_gb"])
         pushed = await trainer.push_weights.call_one(version)
         updated = await generator.update_weights.call_one(version)
         await delete_older_than(store, version)
@@ -122,6 +141,7 @@ async def measure(transport: TransportConfig, versions: int) -> dict[str, float]
             phases["pause"].append(updated["pause_s"])
             phases["swap"].append(updated["swap_s"])
             phases["verify"].append(updated["verify_s"])
+            phases["bytes"].append(pushed["bytes"])
         print(
             f"  {transport.kind} v{version}: publish {pushed['publish_s']:.3f}s "
             f"(+ gather {pushed['gather_s']:.3f}s), fetch {updated['fetch_s']:.3f}s, "
@@ -129,7 +149,37 @@ async def measure(transport: TransportConfig, versions: int) -> dict[str, float]
             flush=True,
         )
     await shutdown()
-    return {name: statistics.median(values) for name, values in phases.items()}
+    peaks = phases.pop("peak_rss_gb")
+    medians = {name: statistics.median(values) for name, values in phases.items()}
+    return {**medians, "peak_rss_gb": max(peaks)} if peaks else medians
+
+
+async def compare_lora(versions: int, bound: float) -> None:
+    """Full weights against a LoRA adapter over shared memory, from this one run."""
+    results = {}
+    for name, lora in (("full", None), ("lora", LoRAConfig(rank=16, alpha=32.0))):
+        shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
+        try:
+            cfg = TransportConfig(kind="shm", path=str(shm.path))
+            results[name] = await measure(cfg, versions, lora, train=True)
+        finally:
+            await shutdown()
+            shm.remove()
+    for name, r in results.items():
+        total = r["publish"] + r["fetch"] + r["swap"]
+        print(
+            f"{name:5s} {r['bytes'] / 1e6:8.2f} MB a version  publish {r['publish']:.3f}s  "
+            f"fetch {r['fetch']:.3f}s  swap {r['swap']:.3f}s  total {total:.3f}s "
+            f"({total / bound:.1f}x the full copy bound)  "
+            f"trainer peak RSS {r['peak_rss_gb']:.2f} GB"
+        )
+    full, lora = results["full"], results["lora"]
+    seconds = [r["publish"] + r["fetch"] + r["swap"] for r in (full, lora)]
+    print(
+        f"lora / full: bytes {lora['bytes'] / full['bytes']:.4f}, publish + fetch + swap "
+        f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
+        f"{lora['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -138,6 +188,9 @@ async def main(args: argparse.Namespace) -> None:
     bound = nbytes / bandwidth
     print(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
     print(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
+    if args.lora:
+        await compare_lora(args.versions, bound)
+        return
     raw = None
     if {"rdma", "torchstore"} & set(args.transports):
         raw = await raw_rdma_rate(nbytes)
@@ -182,6 +235,9 @@ if __name__ == "__main__":
         nargs="+",
         default=["shm", "rdma", "torchstore"],
         choices=["shm", "rdma", "torchstore"],
+    )
+    parser.add_argument(
+        "--lora", action="store_true", help="full weights against a LoRA adapter, over shm"
     )
     args = parser.parse_args()
     if args.versions < WARM:

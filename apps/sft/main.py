@@ -47,6 +47,7 @@ class Config(RunConfig):
     bucket_window: int = 8
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.trainer.objective != "sft":
             raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
         if self.data.source == "local" and self.eval.interval and self.eval.dataset is None:

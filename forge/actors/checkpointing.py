@@ -23,7 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 LATEST = "latest"
@@ -66,9 +70,20 @@ def latest_step(folder: str | Path | None) -> int:
 class _TrainState(Stateful):
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
         self.model, self.optimizer, self.scheduler, self.step = model, optimizer, scheduler, step
+        # A model with frozen parameters (LoRA) saves the trained ones alone: the frozen ones
+        # are the base checkpoint's, loaded before any resume. DCP's load still fails on a
+        # trained parameter the checkpoint lacks.
+        trained = {name for name, p in model.named_parameters() if p.requires_grad}
+        frozen = len(trained) < len(list(model.parameters()))
+        self.trained = trained if frozen else None
+        self.options = StateDictOptions(ignore_frozen_params=True, strict=False) if frozen else None
 
     def state_dict(self) -> dict[str, Any]:
-        model, optim = get_state_dict(self.model, self.optimizer)
+        model, optim = get_state_dict(self.model, self.optimizer, options=self.options)
+        if self.trained is not None:
+            # ignore_frozen_params keeps a tied frozen weight's second name (lm_head.weight,
+            # torch 2.13): only the trained parameters' names stay.
+            model = {name: value for name, value in model.items() if name in self.trained}
         return {
             "model": model,
             "optim": optim,
@@ -84,6 +99,7 @@ class _TrainState(Stateful):
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            options=self.options,
         )
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]

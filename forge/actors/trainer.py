@@ -33,6 +33,16 @@ from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, ObjectiveName, kl_k3, masked_sum
 from forge.models import resolve_model
 from forge.models.hf_layout import HfLayout
+from forge.models.lora import (
+    LoRAConfig,
+    PeftLayout,
+    add_dropout,
+    initial_adapters,
+    is_adapter,
+    merge,
+    peft_config,
+    with_lora,
+)
 from forge.models.titan import (
     LOGITS_CHUNK_TOKENS,
     build,
@@ -94,6 +104,10 @@ class TrainerConfig:
         activation_checkpointing: "full" recomputes each transformer block in the backward
             pass instead of keeping its activations (torchtitan's full AC): less memory for
             about a third more compute.
+        lora: train LoRA adapters on the frozen model instead of the model itself
+            (forge.models.lora): only adapters hold gradients and optimizer state, checkpoints
+            hold them alone, and each published version is the adapters in PEFT's layout.
+            None: full fine-tuning.
     """
 
     model: str = "SmolLM2-135M-Instruct"
@@ -108,6 +122,7 @@ class TrainerConfig:
     micro_batch_size: int = 0
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     activation_checkpointing: Literal["none", "full"] = "none"
+    lora: LoRAConfig | None = None
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     loss: GRPOConfig = field(default_factory=GRPOConfig)
@@ -139,6 +154,7 @@ class TitanTrainer(ForgeActor):
         self.step = 0
         self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
         self._hf_layout: Callable[[dict], dict] | None = None  # learned at the first use
+        self._peft_layout: PeftLayout | None = None  # with LoRA: learned at setup, on rank 0
         # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
         self.compute = ComputeThread("forge-trainer")
 
@@ -157,11 +173,20 @@ class TitanTrainer(ForgeActor):
         torch.manual_seed(self.cfg.seed + self.rank)
         path = resolve_model(self.cfg.model)
         self.titan = titan_model(path)
+        lora = self.cfg.lora
+        if lora is not None:
+            self.titan = with_lora(self.titan, lora)
         self.model = self._parallelize(self.titan, cuda)
-        _load_full(self.model, self.titan.adapter.from_hf(hf_state_dict(path)))
+        weights = self.titan.adapter.from_hf(hf_state_dict(path))
+        if lora is not None:
+            weights.update(initial_adapters(self.model, self.cfg.seed))
+            add_dropout(self.model, lora.dropout)
+        _load_full(self.model, weights)
+        if lora is not None:
+            self._learn_peft_layout()
         o = self.cfg.optimizer
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self._trained_parameters(),
             lr=o.lr,
             betas=tuple(o.betas),
             eps=o.eps,
@@ -284,9 +309,9 @@ class TitanTrainer(ForgeActor):
             self._forward(micro[i])[1].backward()
         backward = time.perf_counter() - start
         start = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(self._trained_parameters(), self.cfg.max_grad_norm)
         with torch.no_grad():
-            copies = [p.detach().clone() for p in self._sharded_parameters()]
+            copies = [p.detach().clone() for p in self._trained_parameters()]
         # The step's own passes over every parameter: clip, clone, fused AdamW (about two).
         per_step = (time.perf_counter() - start) * 3
         self.optimizer.zero_grad(set_to_none=True)
@@ -335,7 +360,7 @@ class TitanTrainer(ForgeActor):
         mismatch = self._mismatch(kl) if sampled else {}
         # Before the optimiser step: these weights generated the episodes of `policy_version`.
         if sampled and policy_version is not None and self.cfg.exact_mismatch:
-            weights = [p.detach().clone() for p in self._sharded_parameters()]
+            weights = [p.detach().clone() for p in self._trained_parameters()]
             self._previous = (policy_version, weights)
         grad_norm = self._clip_and_step()
         sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
@@ -480,7 +505,7 @@ class TitanTrainer(ForgeActor):
     def _swap(self, snapshot: list[torch.Tensor]) -> None:
         from torch.distributed.fsdp import FSDPModule
 
-        params = self._sharded_parameters()
+        params = self._trained_parameters()
         if not isinstance(self.model, FSDPModule):
             # A plain module's parameters can point at other storage: nothing is copied.
             for i, param in enumerate(params):
@@ -493,15 +518,16 @@ class TitanTrainer(ForgeActor):
             param.copy_(other)
             other.copy_(scratch)
 
-    def _sharded_parameters(self) -> list[torch.Tensor]:
-        """The parameters in their sharded form: FSDP may leave a module unsharded after a
-        forward pass, and a copy must see the same tensors every time."""
+    def _trained_parameters(self) -> list[torch.Tensor]:
+        """The parameters the optimizer changes (with LoRA, the adapters), in their sharded
+        form: FSDP may leave a module unsharded after a forward pass, and a copy must see the
+        same tensors every time."""
         from torch.distributed.fsdp import FSDPModule
 
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
-        return list(self.model.parameters())
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _loss(
         self, logprobs: torch.Tensor, batch: Batch, top: torch.Tensor | None = None
@@ -534,9 +560,7 @@ class TitanTrainer(ForgeActor):
     def _clip_and_step(self) -> torch.Tensor:
         from torchtitan.distributed import utils as dist_utils
 
-        grad_norm = dist_utils.clip_grad_norm_(
-            list(self.model.parameters()), self.cfg.max_grad_norm
-        )
+        grad_norm = dist_utils.clip_grad_norm_(self._trained_parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -590,7 +614,8 @@ class TitanTrainer(ForgeActor):
 
     @endpoint
     async def push_weights(self, version: int) -> dict[str, float]:
-        """Publishes the current weights as `version` (HF names). Call on every rank."""
+        """Publishes the current weights as `version` (HF names; with LoRA, the adapters in
+        PEFT's layout). Call on every rank."""
         start = time.perf_counter()
         state_dict = await self.compute.run(self._hf_state_dict)
         gathered = time.perf_counter()
@@ -604,8 +629,12 @@ class TitanTrainer(ForgeActor):
         }
 
     def _hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full weights, HF-named, on rank 0; None on the other ranks. Reordered tensors
-        live in buffers that the next call overwrites."""
+        """What a version holds, on rank 0 (None on the other ranks): the full weights
+        HF-named, or with LoRA the adapters PEFT-named. Reordered tensors live in buffers that
+        the next call overwrites."""
+        if self.cfg.lora is not None:
+            adapters = self._full_state_dict(adapters_only=True)
+            return None if self.rank != 0 else self._peft_layout(adapters)
         state_dict = self._full_state_dict()
         if self.rank != 0:
             return None
@@ -615,35 +644,73 @@ class TitanTrainer(ForgeActor):
             )
         return self._hf_layout(state_dict)
 
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's full tensors on rank 0. On one unsharded rank they alias the live
-        parameters, which is fine: publishing and exporting copy them before the next step."""
+    def _learn_peft_layout(self) -> None:
+        """Learns, on rank 0, where each adapter goes in PEFT's layout: the HF name and row
+        order of the weight it adapts. A collective (the base weights are gathered once)."""
+        state_dict = self._full_state_dict()
+        if self.rank != 0:
+            return
+        base = {k: v for k, v in state_dict.items() if not is_adapter(k)}
+        layout = HfLayout.learn(self.titan.adapter, base)
+        if layout is None:
+            raise ValueError(
+                f"LoRA: {self.titan.family}'s HF adapter does more than rename tensors and "
+                "reorder rows, so its adapters have no PEFT layout here"
+            )
+        self._peft_layout = PeftLayout(layout, [k for k in state_dict if is_adapter(k)])
+
+    def _full_state_dict(self, adapters_only: bool = False) -> dict[str, torch.Tensor]:
+        """The model's full tensors (or its LoRA adapters alone) on rank 0. On one unsharded
+        rank they alias the live parameters, which is fine: publishing and exporting copy them
+        before the next step."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from torch.distributed.fsdp import FSDPModule
 
         if self.world == 1 and not isinstance(self.model, FSDPModule):
-            return self.model.state_dict()  # nothing to gather (get_model_state_dict: ~20 ms)
+            # Nothing to gather (get_model_state_dict: ~20 ms).
+            state_dict = self.model.state_dict()
+            if adapters_only:
+                return {k: v for k, v in state_dict.items() if is_adapter(k)}
+            return state_dict
         # A collective: rank 0 receives full tensors.
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapters_only
+        )
         return get_model_state_dict(self.model, options=options)
 
     @endpoint
-    async def export_hf(self, path: str) -> str:
+    async def export_hf(self, path: str, merged: bool = False) -> str:
         """Writes the current weights as a Hugging Face folder at `path`; returns `path`.
 
         Call on every rank (`.call`): gathering the full weights is a collective. Rank 0
         writes the folder (the source checkpoint's config and tokenizer, the trained weights)
         and replaces an existing one only once complete; transformers and vLLM load it as is.
+        With LoRA the folder is a PEFT adapter (adapter_config.json, adapter_model.safetensors)
+        for the source checkpoint, or with `merged`, the model with its adapters folded in.
         """
-        return await self.compute.run(self._export_hf, path)
+        return await self.compute.run(self._export_hf, path, merged)
 
-    def _export_hf(self, path: str) -> str:
-        from forge.models.hf_export import save_hf
+    def _export_hf(self, path: str, merged: bool) -> str:
+        from forge.models.hf_export import save_hf, save_peft
 
-        hf = self._hf_state_dict()
-        if hf is not None:
-            save_hf(hf, resolve_model(self.cfg.model), path)
+        source = resolve_model(self.cfg.model)
+        if self.cfg.lora is None or merged:
+            hf = self._hf_state_dict() if self.cfg.lora is None else self._merged_hf_state_dict()
+            if hf is not None:
+                save_hf(hf, source, path)
+        elif (adapters := self._hf_state_dict()) is not None:
+            save_peft(adapters, peft_config(self.cfg.lora, str(source)), path)
         return path
+
+    def _merged_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The model with its LoRA adapters folded into the weights they adapt, HF-named, on
+        rank 0 (None on the others)."""
+        state_dict = self._full_state_dict()
+        if self.rank != 0:
+            return None
+        base = {k: v for k, v in state_dict.items() if not is_adapter(k)}
+        adapters = {k: v for k, v in state_dict.items() if is_adapter(k)}
+        return self.titan.adapter.to_hf(merge(base, adapters, self.cfg.lora))
 
     @endpoint
     async def save_checkpoint(self, background: bool | None = None) -> float:

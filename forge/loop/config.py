@@ -78,7 +78,10 @@ class RunConfig:
             folder that holds a run.
         max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
             before the run fails.
-        export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end.
+        export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end;
+            with trainer.lora, the adapter as a PEFT folder.
+        export_merged: with trainer.lora and export_hf, also write the model with the adapter
+            folded in, as a Hugging Face folder (run_dir/hf-merged).
         placement: where generator and trainer run (docs/placement.md). "split": each on
             devices of its own (generator_resources, trainer_resources), overlapping in async
             mode. "colocated": both on the same devices, taking turns, each using all of
@@ -93,6 +96,7 @@ class RunConfig:
     max_trainer_restarts: int = 2
     seed: int = 0
     export_hf: bool = True
+    export_merged: bool = False
     placement: Literal["auto", "colocated", "split"] = "auto"
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -102,6 +106,16 @@ class RunConfig:
     provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)
+
+    def __post_init__(self) -> None:
+        # The generator serves what the trainer trains: LoRA is set once, on the trainer.
+        if self.generator.lora is None:
+            self.generator.lora = self.trainer.lora
+        elif self.generator.lora != self.trainer.lora:
+            raise ValueError(
+                "generator.lora differs from trainer.lora: set trainer.lora alone (the "
+                "generator serves the adapter the trainer trains)"
+            )
 
     def roles(self) -> list[Role]:
         """The proc meshes the run spawns, in the order the Provisioner places them (the
@@ -132,6 +146,7 @@ class RLConfig(RunConfig):
     buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.buffer.batch_size % self.group_size:
             raise ValueError(
                 f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "

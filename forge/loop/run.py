@@ -231,8 +231,9 @@ class Run:
         start = time.perf_counter()
         await self.wait_for_update()
         pushing = time.perf_counter()
-        await self.call_trainer("push_weights", self.version)
+        published = await self.call_trainer("push_weights", self.version)
         pushed = time.perf_counter()
+        record_metric("weights/bytes", published["bytes"])
         update = self._update_generators(step, self.version)
         if self.overlap_updates:
             self._update = asyncio.ensure_future(update)
@@ -428,7 +429,11 @@ class Run:
             if self.cfg.export_hf:
                 export = self.run_dir / "hf"
                 await self.call_trainer("export_hf", str(export))
-                say(f"model: {export}")
+                say(f"{'adapter' if self.cfg.trainer.lora else 'model'}: {export}")
+                if self.cfg.trainer.lora and self.cfg.export_merged:
+                    merged = self.run_dir / "hf-merged"
+                    await self.call_trainer("export_hf", str(merged), merged=True)
+                    say(f"merged model: {merged}")
         except TrainerDied as e:
             say(f"{e}: no final checkpoint or export")
 

@@ -1,6 +1,7 @@
 """Export trained weights as a Hugging Face checkpoint folder that transformers and vLLM load.
 
     save_hf(adapter.to_hf(full_state_dict), source=resolve_model(cfg.model), dest=Path("out"))
+    save_peft(peft_tensors, peft_config(lora, base), dest=Path("out"))   # a LoRA adapter
 
 The folder is the source checkpoint's folder with its weights replaced: config.json, tokenizer
 files, chat template, generation config and any other non-weight file are copied as they are,
@@ -15,11 +16,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 WEIGHTS_NAME = "model.safetensors"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
 
 # Files that hold the source's weights (or index them): the export writes its own, and a stale
 # copy next to it would be loaded too (vLLM and transformers read every *.safetensors file).
@@ -50,19 +54,43 @@ def save_hf(state_dict: dict[str, torch.Tensor], source: str | Path, dest: str |
     config = json.loads((source / "config.json").read_text())
     tensors = _tie_like_source(dict(state_dict), config, _weight_names(source))
     _check_against_source(tensors, source)
+
+    def write(tmp: Path) -> None:
+        _copy_non_weight_files(source, tmp)
+        _write_safetensors(tensors, tmp / WEIGHTS_NAME)
+
+    _write_whole(dest, write)
+    return dest
+
+
+def save_peft(tensors: dict[str, torch.Tensor], config: dict, dest: str | Path) -> Path:
+    """Write a LoRA adapter as a PEFT folder at `dest`: adapter_config.json (`config`, e.g.
+    forge.models.lora.peft_config) and adapter_model.safetensors (`tensors`, PEFT names).
+    PEFT's `PeftModel.from_pretrained` and vLLM's `LoRARequest` load it. Replaced whole, as in
+    `save_hf`. Returns `dest` as a Path."""
+    dest = Path(dest).expanduser().absolute()
+
+    def write(tmp: Path) -> None:
+        (tmp / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        _write_safetensors(tensors, tmp / ADAPTER_WEIGHTS_NAME)
+
+    _write_whole(dest, write)
+    return dest
+
+
+def _write_whole(dest: Path, write: Callable[[Path], None]) -> None:
+    """Runs `write` on a temporary folder beside `dest`, then renames it to `dest`."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Same parent as dest, so the final rename stays on one filesystem and is atomic.
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is read by other users
-        _copy_non_weight_files(source, tmp)
-        _write_safetensors(tensors, tmp / WEIGHTS_NAME)
+        write(tmp)
         _fsync_dir(tmp)
         _replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dest
 
 
 def _tie_like_source(

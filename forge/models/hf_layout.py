@@ -30,6 +30,7 @@ class HfLayout:
     def __init__(self, sources: dict[str, _Source]) -> None:
         self._sources = sources
         self._buffers: dict[str, torch.Tensor] = {}
+        self._hf_names = {source.name: hf_name for hf_name, source in sources.items()}
 
     @classmethod
     def learn(cls, adapter: Any, state_dict: dict[str, torch.Tensor]) -> "HfLayout | None":
@@ -56,6 +57,14 @@ class HfLayout:
         if list(got) != list(expected) or not all(torch.equal(got[k], expected[k]) for k in got):
             return None
         return layout
+
+    def hf_name_of(self, name: str) -> tuple[str, torch.Tensor | None]:
+        """The HF name of torchtitan tensor `name`, and its row order (HF row i is row
+        rows[i]; None: the same order). Raises KeyError naming a tensor it has not learned."""
+        if name not in self._hf_names:
+            raise KeyError(f"{name!r} is not a tensor of the learned layout")
+        hf_name = self._hf_names[name]
+        return hf_name, self._sources[hf_name].rows
 
     def __call__(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hf = {}

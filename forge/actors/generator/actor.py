@@ -19,6 +19,7 @@ from typing import Any
 from monarch.actor import endpoint
 from monarch.actor.concurrent import concurrent_endpoint
 
+from forge.actors.generator.adapter import AdapterSlot
 from forge.actors.generator.config import GeneratorConfig, check_update_mode
 from forge.actors.generator.engine import checkpoint_shapes, start_engine
 from forge.actors.generator.engine_stats import EngineStats
@@ -27,6 +28,7 @@ from forge.actors.generator.weight_updates import WeightUpdates
 from forge.controller import ForgeActor, retry_safe
 from forge.controller.placement import pin_to_cores
 from forge.data.completion import Completion
+from forge.models.lora import peft_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +51,18 @@ class Generator(ForgeActor):
         path = resolve_model(self.cfg.model)
         self.engine = start_engine(self.cfg, path, stat_loggers=[self._stats.factory])
         await self.engine.collective_rpc("forge_die_with_parent")
-        self.updates = WeightUpdates(self.engine, self.cfg, checkpoint_shapes(path))
+        shapes, adapter = checkpoint_shapes(path), None
+        if self.cfg.lora is not None:  # versions are adapters for this checkpoint
+            shapes = peft_shapes(self.cfg.lora, shapes)
+            adapter = AdapterSlot(self.cfg.lora, path, shapes)
+        self.updates = WeightUpdates(self.engine, self.cfg, shapes, adapter)
         await self.updates.start()
         self.requests = Requests(
-            self.engine, self.engine.tokenizer, self.cfg, lambda: self.updates.aborting_swaps
+            self.engine,
+            self.engine.tokenizer,
+            self.cfg,
+            lambda: self.updates.aborting_swaps,
+            lambda: adapter and adapter.request,
         )
 
     @property

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from forge.models.lora import LoRAConfig
 from forge.weights.transport import TransportConfig
 
 UpdateMode = Literal["drain", "abort", "inflight"]
@@ -33,6 +34,8 @@ class GeneratorConfig:
         drain_timeout_s: a drain that takes longer falls back to "abort".
         inflight_recompute_kv: in "inflight" mode, recompute the KV cache of paused sequences
             with the new weights (vLLM's clear_cache) instead of keeping the old one.
+        lora: the trainer's LoRA config when it trains LoRA: the engine serves that adapter
+            (a zero one until the first version) and each version is an adapter.
     """
 
     model: str = "SmolLM2-135M-Instruct"
@@ -48,6 +51,7 @@ class GeneratorConfig:
     inflight_recompute_kv: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    lora: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         # The yaml loader checks the Literal; this catches a config built in Python.

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from forge.actors.generator.adapter import max_lora_rank
 from forge.actors.generator.config import GeneratorConfig
 
 
@@ -18,6 +19,10 @@ def engine_args(cfg: GeneratorConfig, path: Path) -> Any:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    lora: dict[str, Any] = {}
+    if cfg.lora is not None:
+        # One adapter, replaced in place by each version.
+        lora = dict(enable_lora=True, max_lora_rank=max_lora_rank(cfg.lora.rank), max_loras=1)
     return AsyncEngineArgs(
         model=str(path),
         dtype=cfg.dtype,
@@ -34,6 +39,7 @@ def engine_args(cfg: GeneratorConfig, path: Path) -> Any:
         # ("CPU Generator does not use offset"); without chunking prefills run whole.
         enable_chunked_prefill=torch_has_cuda(),
         worker_extension_cls="forge.actors.vllm_worker.WeightLoader",
+        **lora,
     )
 
 

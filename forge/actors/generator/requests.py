@@ -25,15 +25,22 @@ class Requests:
         cfg: max_model_len and the sampling defaults.
         aborting_swaps: how many weight swaps so far aborted the running requests; a request
             that ends aborted while this moved on was cut by a swap, and is continued.
+        lora: the LoRARequest each request carries now (None: the engine serves no adapter).
     """
 
     def __init__(
-        self, engine: Any, tokenizer: Any, cfg: GeneratorConfig, aborting_swaps: Callable[[], int]
+        self,
+        engine: Any,
+        tokenizer: Any,
+        cfg: GeneratorConfig,
+        aborting_swaps: Callable[[], int],
+        lora: Callable[[], Any] = lambda: None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.cfg = cfg
         self._aborting_swaps = aborting_swaps
+        self._lora = lora
 
     async def generate(
         self,
@@ -58,7 +65,9 @@ class Requests:
     async def _request(self, prompt_ids: list[int], params: Any) -> Any:
         final = None
         request = {"prompt_token_ids": prompt_ids}
-        async for out in self.engine.generate(request, params, request_id=uuid.uuid4().hex):
+        async for out in self.engine.generate(
+            request, params, request_id=uuid.uuid4().hex, lora_request=self._lora()
+        ):
             final = out
         return final
 

@@ -5,6 +5,9 @@ fetches it and stages it in this host's shared memory first). Then, one update a
 pauses the engine as the update mode says, has the engine verify and load the pinned bytes,
 records the version, and resumes. A version that is missing, incomplete, corrupted or does
 not fit the model is refused; the engine keeps serving the weights it had.
+
+With LoRA a version is an adapter: it is verified and written as a PEFT folder here, before
+the pause, and the swap is vLLM loading that adapter in place (`AdapterSlot`).
 """
 
 import asyncio
@@ -15,10 +18,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from forge.actors.generator.adapter import AdapterSlot
 from forge.actors.generator.config import GeneratorConfig, UpdateMode
 from forge.weights.manifest import Manifest, WeightVersionError, WeightVersionGone
 from forge.weights.shm_folders import ShmFolder
-from forge.weights.shm_transport import SharedMemoryTransport, pin
+from forge.weights.shm_transport import SharedMemoryTransport, open_version, pin
 from forge.weights.transport import make_transport
 
 logger = logging.getLogger(__name__)
@@ -30,13 +34,22 @@ class WeightUpdates:
     Args:
         engine: a running vLLM AsyncLLM whose workers have forge's WeightLoader extension.
         cfg: the transport, the drain timeout and the in-flight KV choice.
-        shapes: the model's tensor names and shapes; a version must match them exactly.
+        shapes: the model's tensor names and shapes (with LoRA, the adapter's); a version
+            must match them exactly.
+        adapter: the engine's LoRA adapter, when versions are adapters.
     """
 
-    def __init__(self, engine: Any, cfg: GeneratorConfig, shapes: dict[str, tuple]) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        cfg: GeneratorConfig,
+        shapes: dict[str, tuple],
+        adapter: AdapterSlot | None = None,
+    ) -> None:
         self.engine = engine
         self.cfg = cfg
         self.shapes = shapes
+        self.adapter = adapter
         self.transport = make_transport(cfg.transport)
         self.version = 0
         self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
@@ -44,7 +57,10 @@ class WeightUpdates:
         self._staging: ShmFolder | None = None  # rdma, torchstore: versions staged for the engine
 
     async def start(self) -> None:
-        """Tells the engine its version (0: the checkpoint's weights), for per-token versions."""
+        """Tells the engine its version (0: the checkpoint's weights, or a zero adapter), for
+        per-token versions."""
+        if self.adapter is not None:
+            await self.adapter.start(self.engine)
         await self.engine.update_weight_version(str(self.version))
 
     async def update(self, version: int, mode: UpdateMode) -> dict[str, Any]:
@@ -62,12 +78,19 @@ class WeightUpdates:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 path, manifest = await self._pin(version, stack)
+                staged = None
+                if self.adapter is not None:  # verified and written before the pause
+                    staged = await asyncio.to_thread(self._write_adapter, version, path, manifest)
                 fetched, pause_at = time.perf_counter(), time.time()
                 async with self._lock:
                     used = await self._pause(mode)
                     paused, swap_at = time.perf_counter(), time.time()
                     try:
-                        verify_s = await self._load(path, manifest)
+                        if staged is None:
+                            verify_s = await self._load(path, manifest)
+                        else:
+                            verify_s = staged[1]
+                            await self.adapter.load(self.engine, staged[0])
                         self.version = version
                         await self.engine.update_weight_version(str(version))
                     finally:
@@ -105,10 +128,12 @@ class WeightUpdates:
         return self.version
 
     def close(self) -> None:
-        """Removes the staging folder (rdma, torchstore), if one was made."""
+        """Removes the staging folder (rdma, torchstore) and the adapter's, if made."""
         if self._staging is not None:
             self._staging.remove()
             self._staging = None
+        if self.adapter is not None:
+            self.adapter.close()
 
     async def _pin(self, version: int, stack: contextlib.AsyncExitStack) -> tuple[Path, Manifest]:
         """A path to `version`'s packed file, which cannot change or vanish until `stack`
@@ -157,6 +182,15 @@ class WeightUpdates:
         self.aborting_swaps += 1
         await self.engine.pause_generation(mode="abort", clear_cache=False)
         return used
+
+    def _write_adapter(self, version: int, path: Path, manifest: Manifest) -> tuple[Path, float]:
+        """Verifies the pinned adapter version and writes it as a PEFT folder; the folder and
+        the verification's seconds. Raises WeightVersionError if the bytes are not the
+        manifest's."""
+        start = time.perf_counter()
+        with open_version(path, manifest) as tensors:
+            verified = time.perf_counter()
+            return self.adapter.write(version, tensors), verified - start
 
     async def _load(self, path: Path, manifest: Manifest) -> float:
         """Has the engine verify and load the pinned file; returns its verification seconds."""
