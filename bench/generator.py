@@ -8,11 +8,16 @@ fp32, EOS ignored so every run generates the same number of tokens):
      (drain, abort, inflight): the time generation went on while fetching, the pause before
      the swap and the swap, beside the duration of one decode step of that batch.
 
-    python bench/generator.py [--prompts 64] [--samples 8] [--tokens 64]
+With `--lora` it measures instead what serving a LoRA adapter costs: the Generator's tokens/s
+on the same workload without an adapter and with a rank-16 one on every decoder linear layer
+(the GRPO LoRA config's), one after the other, and their ratio.
+
+    python bench/generator.py [--prompts 64] [--samples 8] [--tokens 64] [--lora]
 """
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -24,6 +29,7 @@ from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
 from forge.actors.generator.engine import start_engine
 from forge.controller import shutdown
 from forge.models import resolve_model
+from forge.models.lora import LoRAConfig
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.shm_transport import SharedMemoryTransport
 from forge.weights.transport import TransportConfig
@@ -125,6 +131,9 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     )
     texts = prompts(args.prompts)
     print(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
+    if args.lora:
+        await lora_cost(cfg, texts)
+        return
     raw = await raw_vllm(cfg, texts)
     print(f"raw vLLM:            {raw:8.1f} tokens/s")
 
@@ -151,9 +160,24 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
         await transport.delete(version)
 
 
+async def lora_cost(cfg: GeneratorConfig, texts: list[str]) -> None:
+    """The Generator's tokens/s without an adapter and with one, one service after the other."""
+    rates = {}
+    for name, lora in (("without LoRA", None), ("with LoRA", LoRAConfig(rank=16, alpha=32.0))):
+        config = dataclasses.replace(cfg, lora=lora)
+        service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(config)
+        await through_service(service, texts[:1])  # warm-up
+        rates[name], _ = await through_service(service, texts)
+        await shutdown()
+        print(f"Generator {name:12s}: {rates[name]:8.1f} tokens/s")
+    ratio = rates["with LoRA"] / rates["without LoRA"]
+    print(f"with / without a rank-16 adapter on every decoder linear layer: {ratio:.3f}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--lora", action="store_true", help="tokens/s with and without LoRA")
     asyncio.run(main(parser.parse_args()))
