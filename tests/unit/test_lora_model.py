@@ -140,5 +140,7 @@ def test_the_generator_serves_what_the_trainer_trains():
     cfg = load_config(RunConfig, None, ["trainer.lora.rank=16"])
     assert cfg.generator.lora == cfg.trainer.lora == LoRAConfig(rank=16)
     assert load_config(RunConfig, None, []).generator.lora is None
-    with pytest.raises(ConfigError, match="generator.lora differs from trainer.lora"):
+    merged = load_config(RunConfig, None, ["trainer.lora.publish=merged"])
+    assert merged.trainer.lora.publish == "merged" and merged.generator.lora is None
+    with pytest.raises(ConfigError, match="generator.lora differs from what the trainer"):
         load_config(RunConfig, None, ["trainer.lora.rank=16", "generator.lora.rank=8"])
