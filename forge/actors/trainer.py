@@ -106,8 +106,9 @@ class TrainerConfig:
             about a third more compute.
         lora: train LoRA adapters on the frozen model instead of the model itself
             (forge.models.lora): only adapters hold gradients and optimizer state, checkpoints
-            hold them alone, and each published version is the adapters in PEFT's layout.
-            None: full fine-tuning.
+            hold them alone, and each published version is the adapters in PEFT's layout (or,
+            with `lora.publish: merged`, the weights with them folded in). None: full
+            fine-tuning.
     """
 
     model: str = "SmolLM2-135M-Instruct"
