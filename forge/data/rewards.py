@@ -31,9 +31,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-# reasoning_gym and math_verify are imported by the reward that uses them: together ~1.2 s of
-# CPU (sympy, matplotlib, antlr) in every process that imports this module for anything else.
-
+import reasoning_gym
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
 
 RewardFn = Callable[[Mapping[str, Any], str], float]
 
@@ -124,8 +124,6 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
 @functools.cache
 def _reasoning_gym_scorer(task: str) -> Callable[[str, dict[str, Any]], float]:
     # Built once per process: get_score_answer_fn instantiates the task's dataset class.
-    import reasoning_gym
-
     return reasoning_gym.get_score_answer_fn(task)
 
 
@@ -140,9 +138,6 @@ def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
         TimeoutError: math-verify's comparison ran past its timeout.
         Exception: whatever else math-verify's comparison raises (it would return False).
     """
-    from math_verify import parse, verify
-    from math_verify.errors import TimeoutException
-
     timeout = _math_verify_timeout()
     reference = str(_required(row, "answer"))
     gold = parse(reference, parsing_timeout=timeout)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from monarch.actor import ActorError
 from peft import PeftModel
-from test_trainer import episodes, on_policy
+from test_trainer import episodes, on_policy, trainer_config
 from transformers import AutoModelForCausalLM
 
 from forge.actors.checkpointing import CheckpointConfig, step_folder
@@ -18,10 +18,8 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import OptimizerConfig, TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.losses import mismatch_kl
-from forge.models import tiny_model
 from forge.models.lora import LoRAConfig
 from forge.weights.shm_transport import SharedMemoryTransport
-from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +28,21 @@ LORA = LoRAConfig(rank=4, alpha=8.0)
 
 def lora_trainer(tmp_path, name: str = "w", **changes) -> TrainerConfig:
     # A large lr: the adapters' first steps move the outputs far above float noise.
-    changes.setdefault("optimizer", OptimizerConfig(lr=1e-2))
     changes.setdefault("lora", LORA)
-    return TrainerConfig(
-        model=str(tiny_model("llama", seed=0, init_std=0.5)),
-        transport=TransportConfig(path=str(tmp_path / name)),
-        **changes,
-    )
+    return trainer_config(tmp_path, name, optimizer=OptimizerConfig(lr=1e-2), **changes)
+
+
+async def generator_vs_trainer(generator, trainer) -> tuple[float, list]:
+    """The mismatch KL of 4 sampled completions' logprobs, generator against trainer, and the
+    completions."""
+    sampling = {"max_tokens": 16}
+    completions = await generator.generate.call_one("Count: 1 2 3", n=4, sampling=sampling)
+    pairs = [(c.prompt_ids, c.token_ids) for c in completions]
+    trainer_lp = await trainer.compute_logprobs.call_one(pairs)
+    gen = torch.tensor([lp for c in completions for lp in c.logprobs])
+    ours = torch.tensor([lp for row in trainer_lp for lp in row])
+    kl, _ = mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))
+    return kl, completions
 
 
 @pytest.fixture
@@ -102,19 +108,13 @@ async def test_the_generator_serves_each_adapter_version_in_every_mode(tmp_path,
             model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport, lora=LORA
         )
     )
-    sampling = {"max_tokens": 16}
     for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
         await trainer.train_step.call_one([episodes(seed=version)])
         await trainer.push_weights.call_one(version)
         update = await generator.update_weights.call_one(version, mode)
         assert update["mode"] == mode
-        completions = await generator.generate.call_one("Count: 1 2 3", n=4, sampling=sampling)
+        kl, completions = await generator_vs_trainer(generator, trainer)
         assert all(c.token_versions == [version] * len(c.token_ids) for c in completions)
-        pairs = [(c.prompt_ids, c.token_ids) for c in completions]
-        trainer_lp = await trainer.compute_logprobs.call_one(pairs)
-        gen = torch.tensor([lp for c in completions for lp in c.logprobs])
-        ours = torch.tensor([lp for row in trainer_lp for lp in row])
-        kl, _ = mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))
         print(f"v{version} ({mode}): trainer vs generator mismatch KL {kl:.2e}")
         assert kl < 1e-3
 
@@ -146,13 +146,7 @@ async def test_merged_versions_are_served_as_a_plain_model(tmp_path, cleanup):
     pushed = await trainer.push_weights.call_one(1)
     assert pushed["bytes"] > 20e6  # the whole tiny model, its embedding most of it
     await generator.update_weights.call_one(1)
-    sampling = {"max_tokens": 16}
-    completions = await generator.generate.call_one("Count: 1 2 3", n=4, sampling=sampling)
-    pairs = [(c.prompt_ids, c.token_ids) for c in completions]
-    trainer_lp = await trainer.compute_logprobs.call_one(pairs)
-    gen = torch.tensor([lp for c in completions for lp in c.logprobs])
-    ours = torch.tensor([lp for row in trainer_lp for lp in row])
-    kl, _ = mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))
+    kl, _ = await generator_vs_trainer(generator, trainer)
     print(f"merged version: trainer vs generator mismatch KL {kl:.2e}")
     assert kl < 1e-3
 
