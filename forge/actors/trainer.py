@@ -642,7 +642,7 @@ class TitanTrainer(ForgeActor):
         if self.rank != 0:
             return None
         if lora is not None:
-            state_dict = _merged(state_dict, lora)
+            state_dict = merge(state_dict, lora)
         if self._hf_layout is None:
             self._hf_layout = HfLayout.learn(self.titan.adapter, state_dict) or (
                 self.titan.adapter.to_hf
@@ -703,7 +703,7 @@ class TitanTrainer(ForgeActor):
             state_dict = self._full_state_dict()
             if self.rank == 0:
                 if lora is not None:
-                    state_dict = _merged(state_dict, lora)
+                    state_dict = merge(state_dict, lora)
                 save_hf(self.titan.adapter.to_hf(state_dict), source, path)
         else:
             adapters = self._full_state_dict(adapters_only=True)
@@ -728,12 +728,6 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def get_step(self) -> int:
         return self.step
-
-
-def _merged(state_dict: dict[str, torch.Tensor], lora: LoRAConfig) -> dict[str, torch.Tensor]:
-    """A LoRA model's full state dict as a plain model's: each adapter folded into its weight."""
-    base = {k: v for k, v in state_dict.items() if not is_adapter(k)}
-    return merge(base, {k: v for k, v in state_dict.items() if is_adapter(k)}, lora)
 
 
 def _length(episode: Episode) -> int:

@@ -129,18 +129,17 @@ def initial_adapters(model: nn.Module, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def merge(
-    base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], cfg: LoRAConfig
-) -> dict[str, torch.Tensor]:
-    """The base weights (torchtitan names) with each adapter folded in: W + alpha/r * B A."""
-    merged = dict(base)
+def merge(state_dict: dict[str, torch.Tensor], cfg: LoRAConfig) -> dict[str, torch.Tensor]:
+    """A LoRA model's state dict (torchtitan names) as a plain model's: each adapter folded
+    into the weight it adapts, W + alpha/r * B A."""
+    merged = {k: v for k, v in state_dict.items() if not is_adapter(k)}
     scale = cfg.alpha / cfg.rank
-    for name, a in adapters.items():
+    for name, a in state_dict.items():
         module, _, part = name.rpartition(".lora_")
         if part != "a.weight":
             continue
-        b = adapters[f"{module}.lora_b.weight"]
-        weight = base[f"{module}.weight"]
+        b = state_dict[f"{module}.lora_b.weight"]
+        weight = state_dict[f"{module}.weight"]
         merged[f"{module}.weight"] = weight + scale * (b.to(weight.dtype) @ a.to(weight.dtype))
     return merged
 

@@ -98,7 +98,7 @@ def test_peft_on_the_hf_model_scores_like_ours_and_so_does_the_merged_model(fami
     assert (theirs - ours).abs().max() < 1e-4
 
     merged = build(titan_model(path))
-    merged.load_state_dict(merge(base, adapters, CFG))
+    merged.load_state_dict(merge(model.state_dict(), CFG))
     plain = build(titan_model(path))
     plain.load_state_dict(base)
     assert (token_logprobs(merged.eval(), ids) - ours).abs().max() < 1e-4
