@@ -132,6 +132,15 @@ async def test_the_generator_serves_each_adapter_version_in_every_mode(tmp_path,
     (after,) = await generator.generate.call_one("Once upon a time", sampling=greedy)
     assert after.token_ids == before.token_ids and after.token_versions == [3] * 8
 
+    # A version number again (as a calibration's scratch sync goes back to the run's version),
+    # then on: each is served, and the generator's old folders are removed without error.
+    for version in (2, 4, 5):
+        await trainer.push_weights.call_one(version)
+        await generator.update_weights.call_one(version)
+        kl, completions = await generator_vs_trainer(generator, trainer)
+        assert all(c.token_versions == [version] * len(c.token_ids) for c in completions)
+        assert kl < 1e-3
+
 
 async def test_merged_versions_are_served_as_a_plain_model(tmp_path, cleanup):
     """`lora.publish: merged`: each version is the full weights with the adapters folded in;

@@ -50,6 +50,10 @@ class AdapterSlot:
         path = save_peft(
             tensors, peft_config(self.cfg, str(self.base)), self._folder.path / f"v{version}"
         )
+        # A version may come again (a calibration's sync back, a restarted trainer's): one
+        # folder, now the newest.
+        if path in self._written:
+            self._written.remove(path)
         self._written.append(path)
         return path
 
