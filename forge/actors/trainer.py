@@ -302,8 +302,8 @@ class TitanTrainer(ForgeActor):
         tokens = [b.input_ids.numel() for b in micro]
         # Spread over the length-sorted micro-batches.
         picked = sorted({round(i * (len(micro) - 1) / max(count - 1, 1)) for i in range(count)})
-        # Untimed first, the longest first: a cold trainer's first steps run ~1.5x slower than
-        # its later ones while its heap grows (faulting pages in), and a run is mostly later steps.
+        # Untimed first, the longest first: the timed passes then find the heap grown to a
+        # step's size, as a run's steps do (growing it faults pages in).
         for i in reversed(picked):
             self._forward(micro[i])[1].backward()
         # Then as a step starts: no gradients.
