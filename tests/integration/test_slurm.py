@@ -180,7 +180,8 @@ def wait_until(condition, what: str, log: Path, timeout: float = 300) -> None:
 def wait_job_done(job_id: str, log: Path, timeout: float = 300) -> None:
     """Until the job has ended, left squeue, and none of its processes remain; it must have
     exited 0."""
-    ended = lambda: job_state(job_id)[0] not in ("PENDING", "RUNNING")  # noqa: E731
+    # COMPLETING: SLURM is still ending the job's processes; COMPLETED (or another end) follows.
+    ended = lambda: job_state(job_id)[0] not in ("PENDING", "RUNNING", "COMPLETING")  # noqa: E731
     wait_until(ended, "job end", log, timeout)
     state, code = job_state(job_id)
     assert (state, code) == ("COMPLETED", "0:0"), f"{state} {code}\n{_tail(log)}"
@@ -293,7 +294,7 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(tmp_path):
     command = next(line for line in script if line.startswith("exec "))
     assert f"-m forge run apps/grpo/main.py --config {TINY} run_dir={run_dir}" in command
     assert any(line.startswith("trainer ") for line in script)  # the placement plan
-    assert active_jobs() == jobs and not run_dir.exists()
+    assert not active_jobs() - jobs and not run_dir.exists()
 
 
 @needs_slurm
@@ -317,4 +318,4 @@ def test_a_bad_submission_is_one_line_and_submits_nothing(tmp_path, args, error)
     out = submit_grpo(tmp_path / "run", 22222, *args)
     assert out.returncode == 2 and out.stderr.startswith(error), out.stderr
     assert len(out.stderr.splitlines()) == 1 and not out.stdout, out.stderr
-    assert active_jobs() == jobs
+    assert not active_jobs() - jobs  # none added (an earlier one may have left)
