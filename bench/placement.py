@@ -100,6 +100,9 @@ async def size(config: str, batch: int, overrides: list[str], params: int) -> No
 async def main(args: argparse.Namespace) -> None:
     cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
     calibration.cache_path = lambda: cache  # auto calibrates in this run, whatever is cached
+    # Every placement is predicted from the costs auto measured, even where one run's measured
+    # figure is far enough off them that a run would drop them from the cache.
+    calibration.forget = lambda key: None
     params = parameters(args.config)
     for batch in args.sizes:
         await size(args.config, batch, args.overrides, params)

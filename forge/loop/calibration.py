@@ -87,9 +87,21 @@ def load(key: str) -> PhaseCosts | None:
 
 
 def save(key: str, costs: PhaseCosts) -> None:
-    """Caches `costs` under `key` (written whole, then renamed: readers never see half)."""
+    """Caches `costs` under `key`."""
     cache = _read()
     cache[key] = {**vars(costs), "measured": time.strftime("%Y-%m-%d %H:%M")}
+    _write(cache)
+
+
+def forget(key: str) -> None:
+    """Drops the costs cached under `key`, if any: the next run that needs them measures."""
+    cache = _read()
+    if cache.pop(key, None) is not None:
+        _write(cache)
+
+
+def _write(cache: dict) -> None:
+    """Written whole, then renamed: readers never see half a cache."""
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

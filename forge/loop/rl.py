@@ -31,6 +31,9 @@ from forge.observability.console import say
 
 MAX_FAILURES_IN_A_ROW = 10
 MEASURED_STEPS = 3  # steps after the first whose median is printed beside the prediction
+# A measured figure further than this from the prediction means the costs no longer describe
+# the machine (its speed drifts between hours and days): they are dropped from the cache.
+STALE_COSTS = 0.2
 
 
 class RLLoop(Run):
@@ -51,6 +54,7 @@ class RLLoop(Run):
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
         self.prediction: Prediction | None = None  # the placement's predicted cost
+        self.costs_key: str | None = None  # the calibration cache entry it came from
         self.step_seconds: list[float] = []  # wall time of each step of this process
         self.step_ended = 0.0
 
@@ -117,7 +121,7 @@ class RLLoop(Run):
     async def _phase_costs(self, cpus: list[int], measure: bool) -> tuple[Any, str]:
         """The cached costs on `cpus`, else (if `measure`) measured now and cached; and
         where they came from."""
-        key = calibration.cache_key(self.cfg, len(cpus))
+        key = self.costs_key = calibration.cache_key(self.cfg, len(cpus))
         costs = calibration.load(key)
         if costs is not None or not measure:
             return costs, "cached"
@@ -150,7 +154,8 @@ class RLLoop(Run):
 
     def _report_measured(self) -> None:
         """After MEASURED_STEPS steps past the first, prints their median beside the
-        prediction (the first step also waits for the first batch)."""
+        prediction (the first step also waits for the first batch); drops the cached costs
+        it came from when the two are more than STALE_COSTS apart."""
         if self.prediction is None or len(self.step_seconds) != MEASURED_STEPS + 1:
             return
         measured = statistics.median(self.step_seconds[1:])
@@ -160,6 +165,9 @@ class RLLoop(Run):
             f"{MEASURED_STEPS} steps), predicted {predicted:.1f} ({measured / predicted:.2f}x)"
         )
         self._write_pipeline({"measured_s_per_step": measured})
+        if abs(measured / predicted - 1) > STALE_COSTS:
+            calibration.forget(self.costs_key)
+            say("placement: the cached phase costs are dropped; the next auto run measures them")
 
     def _write_pipeline(self, update: dict[str, Any]) -> None:
         path = self.run_dir / "pipeline.json"

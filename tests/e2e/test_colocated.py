@@ -99,8 +99,9 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
         await run.close()
 
     # Costs under which a split wins (async: the phases overlap, and cores do not help),
-    # cached: the next run reads them and moves its processes.
-    flat = dict.fromkeys(calibration.core_counts(len(ALL)), 1.0)
+    # cached: the next run reads them and moves its processes. They are 100x this machine's
+    # (100 s a phase): once measured, the run drops them from the cache.
+    flat = dict.fromkeys(calibration.core_counts(len(ALL)), 100.0)
     calibration.save(key, PhaseCosts(flat, flat, dict.fromkeys(flat, 0.0), 0.0))
     run = await start(tmp_path / "second", "placement=auto", "mode=async")
     try:
@@ -111,6 +112,10 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
         assert (trainer["cpus"], trainer["threads"]) == (ALL[:trainer_cores], trainer_cores)
         assert generator["cpus"] == generator["engine"]["cpus"] == ALL[trainer_cores:]
         assert generator["engine"]["threads"] == 1
-        await run.steps(1)  # trains on the split
+        assert calibration.load(key) is not None
+        await run.steps(4)  # trains on the split; the measured figure is far from 100 s
+        measured = json.loads((run.run_dir / "pipeline.json").read_text())
+        assert measured["measured_s_per_step"] < 0.8 * run.prediction.seconds_per_step
+        assert calibration.load(key) is None
     finally:
         await run.close()

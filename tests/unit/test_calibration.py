@@ -32,6 +32,9 @@ def test_costs_round_trip_through_the_cache(tmp_path, monkeypatch):
     calibration.save("k", costs)
     calibration.save("other", PhaseCosts({1: 1.0}, {1: 1.0}, {1: 0.0}, 0.0))
     assert calibration.load("k") == costs  # int core counts back from JSON's string keys
+    calibration.forget("k")
+    calibration.forget("never cached")
+    assert calibration.load("k") is None and calibration.load("other") is not None
 
 
 def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
