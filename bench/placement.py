@@ -8,8 +8,8 @@ time at each step's end (the first step also starts the pipeline; steps 2-3 stil
 trainer's heap, so five steps keep a slow one from deciding the comparison). It prints one
 table per batch size: measured, predicted, their ratio; whether auto is within 5% of the
 fastest placement measured; and the colocated trainer's FLOP rate (6 x parameters x tokens /
-training time, median of steps 2-6) against an fp32 matmul on the same cores, measured in
-this process just before and just after that run (their mean).
+training time, median of steps 2-6) against a matmul in the trainer's dtype on the same cores,
+measured in this process just before and just after that run (their mean).
 
     python bench/placement.py [--sizes 16 64] [--config ...] [k=v ...]
 """
@@ -41,18 +41,20 @@ PLACEMENTS = {  # name: overrides
 }
 
 
-async def run(config: str, name: str, overrides: list[str]) -> dict:
-    """One run of STEPS steps; its pipeline.json (prediction, measured) and its metrics."""
+async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) -> dict:
+    """One run of `steps` steps; its pipeline.json (prediction, measured) and its metrics."""
     app_main, schema = load_app(APP)
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
     quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
-    cfg = load_config(schema, config, [*quiet, *overrides, f"steps={STEPS}", f"run_dir={run_dir}"])
+    cfg = load_config(schema, config, [*quiet, *overrides, f"steps={steps}", f"run_dir={run_dir}"])
     print(f"{name}: {' '.join(overrides)} -> {run_dir}", flush=True)
     await app_main(cfg)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ends = [m["run/elapsed_s"] for m in metrics]
     measured = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)])
-    pipeline = json.loads((run_dir / "pipeline.json").read_text())
+    # Written where a prediction was made: under auto, or with the phase costs cached.
+    path = run_dir / "pipeline.json"
+    pipeline = json.loads(path.read_text()) if path.exists() else {}
     return {**pipeline, "measured_s_per_step": measured, "metrics": metrics}
 
 
@@ -69,13 +71,16 @@ def parameters(config: str) -> int:
 
 async def size(config: str, batch: int, overrides: list[str], params: int) -> None:
     extra = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *overrides]
+    dtype = load_config(load_app(APP)[1], config, overrides).trainer.dtype
     results = {}
     for name, placement in PLACEMENTS.items():
         if name == "colocated-sync":
-            before = matmul_flops()  # this process holds the same cores the trainer will
+            # This process holds the same cores the trainer will.
+            before = matmul_flops(dtype=getattr(torch, dtype))
         results[name] = await run(config, name, [*placement, *extra])
         if name == "colocated-sync":
-            matmul = (before + matmul_flops()) / 2  # the machine's rate drifts: both sides
+            # The machine's rate drifts: both sides.
+            matmul = (before + matmul_flops(dtype=getattr(torch, dtype))) / 2
     print(f"\n{batch} sequences per step")
     print(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
     for name, r in results.items():
@@ -91,7 +96,7 @@ async def size(config: str, batch: int, overrides: list[str], params: int) -> No
     flops = statistics.median(6 * params * s["train/tokens_per_s"] for s in steps)
     print(
         f"colocated trainer: {flops / 1e9:.1f} GFLOP/s = {flops / matmul:.2f} of a "
-        f"{torch.get_num_threads()}-thread fp32 matmul ({matmul / 1e9:.0f} GFLOP/s; target "
+        f"{torch.get_num_threads()}-thread {dtype} matmul ({matmul / 1e9:.0f} GFLOP/s; target "
         ">= 0.8)\n",
         flush=True,
     )

@@ -37,9 +37,9 @@ def batch(n: int, seed: int) -> list[Episode]:
     return out
 
 
-def matmul_flops(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of an fp32 [size, size] @ [size, size] on this process's cores (best of)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_flops(size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of a [size, size] @ [size, size] in `dtype` on this process's cores (best of)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b  # warm-up: thread pool, caches
     best = min(_timed(lambda: a @ b) for _ in range(repeats))
     return 2 * size**3 / best

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -89,7 +90,9 @@ class TrainerConfig:
             advantages), "distill" (reverse KL to teacher_logprobs) or "sft" (cross-entropy on
             the completion tokens).
         temperature: the generator's sampling temperature; logprobs are taken at it.
-        dtype: "float32" or "bfloat16" parameters (gradients are reduced in float32).
+        dtype: "float32", or "bfloat16" compute over float32 weights, gradients and optimizer
+            state: FSDP's mixed precision on GPUs, autocast on CPUs (where FSDP's per-unshard
+            casts made a step slower than float32).
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
             episodes can be scored under the weights that generated them.
@@ -178,6 +181,8 @@ class TitanTrainer(ForgeActor):
         if lora is not None:
             self.titan = with_lora(self.titan, lora)
         self.model = self._parallelize(self.titan, cuda)
+        bf16_on_cpu = not cuda and self.cfg.dtype == "bfloat16"
+        self._precision = partial(torch.autocast, "cpu", torch.bfloat16, enabled=bf16_on_cpu)
         weights = self.titan.adapter.from_hf(hf_state_dict(path))
         if lora is not None:
             weights.update(initial_adapters(self.model, self.cfg.seed))
@@ -213,10 +218,10 @@ class TitanTrainer(ForgeActor):
         from torchtitan.models.qwen3 import parallelize_qwen3
 
         ac = FullAC.Config() if self.cfg.activation_checkpointing == "full" else None
-        if self.world == 1 and self.cfg.dtype == "float32":
-            # One rank has nothing to shard and no precision to mix: FSDP would only copy each
-            # parameter at every unshard and keep a second, unsharded gradient while
-            # micro-batches accumulate (0.5 GB more at SmolLM2's size).
+        if self.world == 1 and (self.cfg.dtype == "float32" or not cuda):
+            # One rank has nothing to shard, and on a CPU autocast mixes the precision: FSDP
+            # would only copy each parameter at every unshard and keep a second, unsharded
+            # gradient while micro-batches accumulate (0.5 GB more at SmolLM2's size).
             model = build(titan, meta=True)
             if ac is not None:
                 ac.build(dump_folder="/tmp").apply(model)
@@ -236,7 +241,8 @@ class TitanTrainer(ForgeActor):
             build(titan, meta=True),
             parallel_dims=dims,
             training=TrainingConfig(
-                mixed_precision_param=self.cfg.dtype, mixed_precision_reduce="float32"
+                mixed_precision_param=self.cfg.dtype if cuda else "float32",
+                mixed_precision_reduce="float32",
             ),
             parallelism=parallelism,
             compile_config=CompileConfig(),
@@ -410,13 +416,14 @@ class TitanTrainer(ForgeActor):
         chunk, temperature = self.cfg.logits_chunk_tokens, self.cfg.temperature
         top = None
         first = first_position(batch.mask)
-        if batch.teacher_top_ids is None:
-            logprobs = token_logprobs(self.model, input_ids, temperature, chunk, first)
-        else:
-            candidates = self._to_device(batch.teacher_top_ids)
-            logprobs, top = candidate_logprobs(
-                self.model, input_ids, candidates, temperature, chunk, first
-            )
+        with self._precision():
+            if batch.teacher_top_ids is None:
+                logprobs = token_logprobs(self.model, input_ids, temperature, chunk, first)
+            else:
+                candidates = self._to_device(batch.teacher_top_ids)
+                logprobs, top = candidate_logprobs(
+                    self.model, input_ids, candidates, temperature, chunk, first
+                )
         loss, metrics = self._loss(logprobs, batch, top)
         return logprobs, loss, metrics
 
@@ -475,7 +482,7 @@ class TitanTrainer(ForgeActor):
         if not chunks:
             return  # every rank skips the forward passes alike
         kl["previous_sampled"] += len(sample)
-        with torch.no_grad(), self._weights(weights):
+        with torch.no_grad(), self._weights(weights), self._precision():
             for i in range(chunks):
                 chunk = sample[i * size : (i + 1) * size]
                 batch = collate(chunk or episodes[:1], self.pad_id)
@@ -603,7 +610,7 @@ class TitanTrainer(ForgeActor):
         out: list[list[float]] = []
         for start in range(0, len(pairs), size):
             input_ids, mask = pad_sequences(pairs[start : start + size], self.pad_id)
-            with torch.no_grad():
+            with torch.no_grad(), self._precision():
                 logprobs = token_logprobs(
                     self.model,
                     self._to_device(input_ids),

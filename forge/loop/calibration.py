@@ -5,9 +5,9 @@ With generator and trainer colocated on `n` cores, for each core count c the pip
 may use (`core_counts`): the generator is moved onto c cores and makes one batch of rollouts
 (the run's prompts and sampling, seeds of their own; thrown away after), and the trainer,
 moved onto c cores, times a few micro-batches of that batch forward and backward
-(`TitanTrainer.calibrate`, scaled to the whole batch). The weight sync is one real sync, to
-a scratch version of the same weights and back. About a minute on 2 cores at 16 sequences a
-step; nothing when cached.
+(`TitanTrainer.calibrate`, scaled to the whole batch). The weight sync is the fastest of a few
+real ones, to a scratch version of the same weights and back. About a minute on 2 cores at 16
+sequences a step; nothing when cached.
 """
 
 import asyncio
@@ -47,9 +47,9 @@ def cache_key(c: "RLConfig", cores: int) -> str:
     """What the costs depend on: the machine, the code, the model, and the shape of a step."""
     t, s = c.trainer, c.generator.sampling
     parts = (
-        _cpu_model(), cores, code_version(), c.generator.model, t.model, t.dtype,
-        c.buffer.batch_size, c.group_size, s.max_tokens, c.dataset.task, t.micro_batch_size,
-        t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
+        _cpu_model(), cores, code_version(), c.generator.model, c.generator.dtype, t.model,
+        t.dtype, c.buffer.batch_size, c.group_size, s.max_tokens, c.dataset.task,
+        t.micro_batch_size, t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
     )  # fmt: skip
     return "|".join(map(str, parts))
 
@@ -130,16 +130,23 @@ async def measure(run: "RLLoop", cpus: list[int]) -> PhaseCosts:
         costs = await run.call_trainer("calibrate", batches)
         train[c], stale[c] = costs["train_s"], costs["stale_s"]
     await run.call_trainer("use_cores", cpus)
-    # Two real syncs, to a scratch version of the same weights and back to the run's own (which
-    # also deletes the scratch one); the faster: a run's first sync also fills its buffers.
-    start = time.perf_counter()
-    await run.call_trainer("push_weights", run.version + 1)
-    await run.generator.update_weights.fanout(run.version + 1)
-    scratch = time.perf_counter() - start
-    start = time.perf_counter()
-    await run.sync_generators()
-    sync = min(scratch, time.perf_counter() - start)
-    return PhaseCosts(generate, train, stale, sync)
+    return PhaseCosts(generate, train, stale, await _sync_s(run))
+
+
+async def _sync_s(run: "RLLoop") -> float:
+    """The fastest of four real syncs: to a scratch version of the same weights and back to the
+    run's own (which deletes the scratch one), twice. A run's first syncs also fill its buffers:
+    the second was already as fast as the steady state in float32, the third in bfloat16."""
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        await run.call_trainer("push_weights", run.version + 1)
+        await run.generator.update_weights.fanout(run.version + 1)
+        times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        await run.sync_generators()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 async def _rollouts(run: "RLLoop", groups: int | None = None) -> list:

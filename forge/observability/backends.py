@@ -16,8 +16,15 @@ from tqdm import tqdm
 from forge.observability.console import console
 from forge.observability.progress import ProgressBar, short_names
 
-# A handful of numbers worth a glance every step; the rest go to the files only.
-CONSOLE_KEYS = ("rollout/reward", "train/loss", "train/mismatch_kl", "generator/tokens_per_s")
+# A handful of numbers worth a glance every step (the held-out reward on the steps that evaluate;
+# last, so a progress bar's two are always the same); the rest go to the files only.
+CONSOLE_KEYS = (
+    "rollout/reward",
+    "train/loss",
+    "train/mismatch_kl",
+    "generator/tokens_per_s",
+    "eval/reward",
+)
 
 
 class Backend(Protocol):

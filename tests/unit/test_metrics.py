@@ -208,6 +208,13 @@ def test_console_prints_one_short_line_of_the_chosen_keys():
     assert out.getvalue() == "step 3 | reward 0.5312 | loss 1.234e-07\n"
 
 
+def test_the_default_console_line_shows_the_held_out_reward_on_the_steps_that_evaluate():
+    console = ConsoleBackend()
+    step = {"rollout/reward": 0.5, "train/loss": 0.25, "generator/tokens_per_s": 90.0}
+    assert console.format(9, step) == "step 9 | rollout/reward 0.5 | loss 0.25 | tokens_per_s 90"
+    assert console.format(10, {**step, "eval/reward": 0.75}).endswith(" | eval/reward 0.75")
+
+
 def test_console_names_keys_that_share_a_last_part_in_full():
     console = ConsoleBackend(["train/loss", "eval/loss", "eval/reward"])
     line = console.format(2, {"train/loss": 1.5, "eval/loss": 0.5, "eval/reward": 1.0})

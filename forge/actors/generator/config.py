@@ -29,6 +29,7 @@ class GeneratorConfig:
 
     Args:
         model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
+        dtype: the engine's weights and compute.
         kv_cache_mb: KV cache size; None lets vLLM size it from `gpu_memory_utilization`.
         update_mode: "drain" (default), "abort" or "inflight" (docs/architecture.md).
         drain_timeout_s: a drain that takes longer falls back to "abort".
@@ -39,7 +40,7 @@ class GeneratorConfig:
     """
 
     model: str = "SmolLM2-135M-Instruct"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 2048
     max_num_seqs: int = 256
     kv_cache_mb: int | None = 512

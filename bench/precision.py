@@ -1,0 +1,75 @@
+"""Precision: the GRPO app in float32 (the CPU default) and in bfloat16, alternating, one run.
+
+Each run is the default CPU config, colocated and sync (the same placement for both, so the
+precision alone differs), `--steps` steps at `--batch` sequences. float32 and bfloat16 take
+turns, `--rounds` times each: this machine's speed drifts between runs. Printed per run:
+seconds per step (median of steps 2 on), the trainer's and the generator's tokens per second
+and the mismatch KL (median of the same steps); then each figure's bfloat16 / float32 ratio
+(the medians over rounds). Worth running only where the CPU computes bfloat16 natively (AMX,
+AVX512-BF16); without it bfloat16 matmuls are emulated and far slower.
+
+    python bench/precision.py [--batch 16] [--steps 6] [--rounds 2] [k=v ...]
+"""
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+from pathlib import Path
+
+from placement import PLACEMENTS, run
+
+from forge.loop import calibration
+
+DTYPES = {
+    "float32": ["trainer.dtype=float32", "generator.dtype=float32"],
+    "bfloat16": ["trainer.dtype=bfloat16", "generator.dtype=bfloat16"],
+}
+FIGURES = ("s/step", "train tok/s", "gen tok/s", "mismatch KL")
+
+
+def figures(result: dict) -> dict[str, float]:
+    steps = result["metrics"][1:]  # the first also starts the pipeline
+
+    def median(key: str) -> float:
+        return statistics.median(s[key] for s in steps)
+
+    return {
+        "s/step": result["measured_s_per_step"],
+        "train tok/s": median("train/tokens_per_s"),
+        "gen tok/s": median("generator/tokens_per_s"),
+        "mismatch KL": median("train/mismatch_kl"),
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
+    calibration.cache_path = lambda: cache  # neither reads nor drops the user's cached costs
+    placement = PLACEMENTS["colocated-sync"]
+    extra = [f"buffer.batch_size={args.batch}", "buffer.capacity=1024", *args.overrides]
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in DTYPES}
+    for _ in range(args.rounds):
+        for name, dtype in DTYPES.items():
+            result = await run(args.config, name, [*placement, *dtype, *extra], args.steps)
+            rows[name].append(figures(result))
+    print(f"\n{args.batch} sequences per step, colocated, sync, {args.steps} steps a run")
+    print(f"{'run':<12}" + "".join(f"{f:>14}" for f in FIGURES))
+    for name, runs in rows.items():
+        for r in runs:
+            print(f"{name:<12}" + "".join(f"{r[f]:>14.3g}" for f in FIGURES))
+    ratios = {
+        f: statistics.median(r[f] for r in rows["bfloat16"])
+        / statistics.median(r[f] for r in rows["float32"])
+        for f in FIGURES
+    }
+    print(f"{'bf16 / fp32':<12}" + "".join(f"{ratios[f]:>14.3g}" for f in FIGURES), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    asyncio.run(main(parser.parse_args()))
