@@ -20,8 +20,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from library_log import library_output_to_log
+
 from forge.cli import load_app
 from forge.config import load_config
+from forge.observability.console import say
 
 APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
 
@@ -41,7 +44,7 @@ async def run(config: str, mode: str, steps: int, overrides: list[str]) -> list[
     cfg = load_config(
         schema, config, [*overrides, f"mode={mode}", f"steps={steps}", f"run_dir={run_dir}"]
     )
-    print(f"{mode} run: {steps} steps -> {run_dir}", flush=True)
+    say(f"{mode} run: {steps} steps -> {run_dir}")
     await app_main(cfg)
     return per_step(run_dir)
 
@@ -82,16 +85,16 @@ async def main(args: argparse.Namespace) -> None:
         order = ("sync", "async") if i % 2 == 0 else ("async", "sync")
         runs = {mode: await run(args.config, mode, args.steps, overrides) for mode in order}
         repeats.append(figures(runs["sync"], runs["async"]))
-        print(line(f"repeat {i + 1}", repeats[-1]), flush=True)
-    print()
+        say(line(f"repeat {i + 1}", repeats[-1]))
+    say("")
     for i, f in enumerate(repeats):
-        print(line(f"repeat {i + 1}", f))
+        say(line(f"repeat {i + 1}", f))
     median = {k: statistics.median(f[k] for f in repeats) for k in repeats[0]}
-    print(line("median", median))
+    say(line("median", median))
     for key, label in [("async_s", "async s/step"), ("sync_s", "sync s/step"), ("gain", "gain")]:
         values = [f[key] for f in repeats]
-        print(f"spread of {label}: {min(values):.3f} .. {max(values):.3f}")
-    print(
+        say(f"spread of {label}: {min(values):.3f} .. {max(values):.3f}")
+    say(
         f"async / sync s/step (median): {median['async_s'] / median['sync_s']:.3f} (target <= 1); "
         f"possible gain {median['gain']:.2f} (target >= 0.8); async trainer idle "
         f"{median['idle']:.3f} (target < 0.05)"
@@ -99,6 +102,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    library_output_to_log("async_speedup")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
     parser.add_argument("--steps", type=int, default=6)

@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 
 import torch
+from library_log import library_output_to_log
 
 from forge.actors.checkpointing import CheckpointConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.data import Completion, Episode
 from forge.models import smollm2
+from forge.observability.console import say
 
 
 def batch(seed: int, n: int = 8) -> list[Episode]:
@@ -80,15 +82,16 @@ async def main() -> None:
     finally:
         await shutdown()
         shutil.rmtree(args.folder, ignore_errors=True)
-    print(f"checkpoint of SmolLM2-135M + Adam: {r['bytes'] / 1e9:.2f} GB; step {r['step']:.2f}s")
-    print(f"plain torch.save of the same bytes: {r['plain']:.2f}s (the write limit)")
+    say(f"checkpoint of SmolLM2-135M + Adam: {r['bytes'] / 1e9:.2f} GB; step {r['step']:.2f}s")
+    say(f"plain torch.save of the same bytes: {r['plain']:.2f}s (the write limit)")
     for name in ("blocking", "staging", "background"):
-        print(
+        say(
             f"{name:>10}: {r[name]:6.2f}s = {r[name] / r['plain']:5.2f} x plain write, "
             f"{r[name] / r['step']:5.2f} x a training step"
         )
-    print(f"the loop pays {r['staging'] / r['blocking']:.2f} x of a blocking save per checkpoint")
+    say(f"the loop pays {r['staging'] / r['blocking']:.2f} x of a blocking save per checkpoint")
 
 
 if __name__ == "__main__":
+    library_output_to_log("checkpoint")
     asyncio.run(main())

@@ -17,8 +17,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from library_log import library_output_to_log
+
 from forge.cli import load_app
 from forge.config import load_config
+from forge.observability.console import say
 
 APPS = Path(__file__).parents[1] / "apps"
 GRPO_CONFIG = "configs/grpo/smollm2_cpu.yaml"
@@ -30,7 +33,7 @@ async def run(app: str, config: str, overrides: list[str]) -> list[dict]:
     app_main, schema = load_app(APPS / app / "main.py")
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{app}-"))
     cfg = load_config(schema, config, [*overrides, f"run_dir={run_dir}"])
-    print(f"{app} run ({' '.join(overrides)}) -> {run_dir}", flush=True)
+    say(f"{app} run ({' '.join(overrides)}) -> {run_dir}")
     await app_main(cfg)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -63,10 +66,10 @@ async def main(args: argparse.Namespace) -> None:
         steps = await run("distillation", args.config, [*common, f"teacher.backend={backend}"])
         results[f"distill ({backend} teacher)"] = tokens_per_s(steps)
         teacher = sum(s["teacher/tokens_per_s"] for s in steps[1:]) / (len(steps) - 1)
-        print(f"  teacher {backend}: {teacher:.0f} tokens/s scored per call")
-    print(f"student model {student}, {args.steps} steps each, tokens trained per second:")
+        say(f"  teacher {backend}: {teacher:.0f} tokens/s scored per call")
+    say(f"student model {student}, {args.steps} steps each, tokens trained per second:")
     for name, rate in results.items():
-        print(f"  {name:26s} {rate:8.1f} tokens/s = {rate / results['grpo']:.3f} of GRPO's")
+        say(f"  {name:26s} {rate:8.1f} tokens/s = {rate / results['grpo']:.3f} of GRPO's")
 
 
 def _plain(value: object) -> object:
@@ -77,6 +80,7 @@ def _plain(value: object) -> object:
 
 
 if __name__ == "__main__":
+    library_output_to_log("distill_throughput")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/distillation/pruned_student_cpu.yaml")
     parser.add_argument("--steps", type=int, default=6)

@@ -23,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+from library_log import library_output_to_log
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
@@ -30,6 +31,7 @@ from forge.actors.generator.engine import start_engine
 from forge.controller import shutdown
 from forge.models import resolve_model
 from forge.models.lora import LoRAConfig
+from forge.observability.console import say
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.shm_transport import SharedMemoryTransport
 from forge.weights.transport import TransportConfig
@@ -130,18 +132,18 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
         transport=TransportConfig(path=str(shm)),
     )
     texts = prompts(args.prompts)
-    print(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
+    say(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
     if args.lora:
         await lora_cost(cfg, texts)
         return
     raw = await raw_vllm(cfg, texts)
-    print(f"raw vLLM:            {raw:8.1f} tokens/s")
+    say(f"raw vLLM:            {raw:8.1f} tokens/s")
 
     service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(cfg)
     await through_service(service, texts[:1])  # warm-up
     ours, _ = await through_service(service, texts)
-    print(f"Generator (service): {ours:8.1f} tokens/s")
-    print(f"Generator / raw vLLM tokens/s: {ours / raw:.3f}  (target >= 0.9)")
+    say(f"Generator (service): {ours:8.1f} tokens/s")
+    say(f"Generator / raw vLLM tokens/s: {ours / raw:.3f}  (target >= 0.9)")
 
     transport = SharedMemoryTransport(cfg.transport.path)
     weights = load_file(resolve_model(cfg.model) / "model.safetensors")
@@ -149,7 +151,7 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
         manifest = await transport.publish(version, weights)
         r = await update_under_load(service, cfg, texts, version, mode)
         stall = r["pause_s"] + r["swap_s"]
-        print(
+        say(
             f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB) with "
             f"{r['running']} sequences running, one decode step {r['step_s']:.3f}s: fetch "
             f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s "
@@ -169,12 +171,13 @@ async def lora_cost(cfg: GeneratorConfig, texts: list[str]) -> None:
         await through_service(service, texts[:1])  # warm-up
         rates[name], _ = await through_service(service, texts)
         await shutdown()
-        print(f"Generator {name:12s}: {rates[name]:8.1f} tokens/s")
+        say(f"Generator {name:12s}: {rates[name]:8.1f} tokens/s")
     ratio = rates["with LoRA"] / rates["without LoRA"]
-    print(f"with / without a rank-16 adapter on every decoder linear layer: {ratio:.3f}")
+    say(f"with / without a rank-16 adapter on every decoder linear layer: {ratio:.3f}")
 
 
 if __name__ == "__main__":
+    library_output_to_log("generator")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)

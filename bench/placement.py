@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from library_log import library_output_to_log
 from trainer_memory import matmul_flops
 
 from forge.cli import load_app
@@ -30,6 +31,7 @@ from forge.config import load_config
 from forge.loop import calibration
 from forge.loop.pipeline import Prediction
 from forge.models import resolve_model
+from forge.observability.console import say
 
 APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
 STEPS = 6
@@ -47,7 +49,7 @@ async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) 
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
     quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
     cfg = load_config(schema, config, [*quiet, *overrides, f"steps={steps}", f"run_dir={run_dir}"])
-    print(f"{name}: {' '.join(overrides)} -> {run_dir}", flush=True)
+    say(f"{name}: {' '.join(overrides)} -> {run_dir}")
     await app_main(cfg)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ends = [m["run/elapsed_s"] for m in metrics]
@@ -81,24 +83,23 @@ async def size(config: str, batch: int, overrides: list[str], params: int) -> No
         if name == "colocated-sync":
             # The machine's rate drifts: both sides.
             matmul = (before + matmul_flops(dtype=getattr(torch, dtype))) / 2
-    print(f"\n{batch} sequences per step")
-    print(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
+    say(f"\n{batch} sequences per step")
+    say(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
     for name, r in results.items():
         measured, predicted = r["measured_s_per_step"], r["chosen"]["seconds_per_step"]
         label = Prediction(**r["chosen"]).label
-        print(
+        say(
             f"{name:<16}{label:<12}{measured:>9.1f}s{predicted:>10.1f}s{measured / predicted:>8.2f}"
         )
     fastest = min(r["measured_s_per_step"] for n, r in results.items() if n != "auto")
     auto = results["auto"]["measured_s_per_step"]
-    print(f"auto / fastest other: {auto / fastest:.3f} (target <= 1.05)")
+    say(f"auto / fastest other: {auto / fastest:.3f} (target <= 1.05)")
     steps = results["colocated-sync"]["metrics"][1:]
     flops = statistics.median(6 * params * s["train/tokens_per_s"] for s in steps)
-    print(
+    say(
         f"colocated trainer: {flops / 1e9:.1f} GFLOP/s = {flops / matmul:.2f} of a "
         f"{torch.get_num_threads()}-thread {dtype} matmul ({matmul / 1e9:.0f} GFLOP/s; target "
         ">= 0.8)\n",
-        flush=True,
     )
 
 
@@ -114,6 +115,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    library_output_to_log("placement")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64])

@@ -17,9 +17,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from library_log import library_output_to_log
 from placement import PLACEMENTS, run
 
 from forge.loop import calibration
+from forge.observability.console import say
 
 DTYPES = {
     "float32": ["trainer.dtype=float32", "generator.dtype=float32"],
@@ -52,20 +54,21 @@ async def main(args: argparse.Namespace) -> None:
         for name, dtype in DTYPES.items():
             result = await run(args.config, name, [*placement, *dtype, *extra], args.steps)
             rows[name].append(figures(result))
-    print(f"\n{args.batch} sequences per step, colocated, sync, {args.steps} steps a run")
-    print(f"{'run':<12}" + "".join(f"{f:>14}" for f in FIGURES))
+    say(f"\n{args.batch} sequences per step, colocated, sync, {args.steps} steps a run")
+    say(f"{'run':<12}" + "".join(f"{f:>14}" for f in FIGURES))
     for name, runs in rows.items():
         for r in runs:
-            print(f"{name:<12}" + "".join(f"{r[f]:>14.3g}" for f in FIGURES))
+            say(f"{name:<12}" + "".join(f"{r[f]:>14.3g}" for f in FIGURES))
     ratios = {
         f: statistics.median(r[f] for r in rows["bfloat16"])
         / statistics.median(r[f] for r in rows["float32"])
         for f in FIGURES
     }
-    print(f"{'bf16 / fp32':<12}" + "".join(f"{ratios[f]:>14.3g}" for f in FIGURES), flush=True)
+    say(f"{'bf16 / fp32':<12}" + "".join(f"{ratios[f]:>14.3g}" for f in FIGURES))
 
 
 if __name__ == "__main__":
+    library_output_to_log("precision")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
     parser.add_argument("--batch", type=int, default=16)

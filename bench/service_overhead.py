@@ -12,9 +12,11 @@ import asyncio
 import statistics
 import time
 
+from library_log import library_output_to_log
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor, shutdown
+from forge.observability.console import say
 
 
 class Noop(ForgeActor):
@@ -62,15 +64,16 @@ async def main(calls: int) -> None:
     )
     await shutdown()
 
-    print(f"p50 latency, trivial endpoint: raw actor {raw_ms:.3f} ms, service {svc_ms:.3f} ms")
-    print(f"service / raw p50 latency ratio: {svc_ms / raw_ms:.3f}  (target <= 1.2)")
-    print(
+    say(f"p50 latency, trivial endpoint: raw actor {raw_ms:.3f} ms, service {svc_ms:.3f} ms")
+    say(f"service / raw p50 latency ratio: {svc_ms / raw_ms:.3f}  (target <= 1.2)")
+    say(
         f"1,000 concurrent calls over 4 replicas: service {svc_tput:,.0f} calls/s, "
         f"raw round-robin {raw_tput:,.0f} calls/s, ratio {svc_tput / raw_tput:.3f}"
     )
 
 
 if __name__ == "__main__":
+    library_output_to_log("service_overhead")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     asyncio.run(main(parser.parse_args().calls))

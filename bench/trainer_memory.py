@@ -17,12 +17,14 @@ import random
 import time
 
 import torch
+from library_log import library_output_to_log
 
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.data import Completion, Episode
 from forge.models import smollm2
 from forge.models.titan import load_pretrained
+from forge.observability.console import say
 
 
 def batch(n: int, seed: int) -> list[Episode]:
@@ -76,7 +78,7 @@ def report(name: str, rows: list[dict[str, float]], params: int) -> None:
     base = rows[0]["peak"]
     for r in rows:
         rate = 6 * params * r["tokens"] / r["seconds"]
-        print(
+        say(
             f"{name:>14} | {r['size']:4d} sequences | peak RSS {r['peak']:5.2f} GB "
             f"({r['peak'] / base:4.2f} x the {rows[0]['size']}-sequence figure) | "
             f"{r['tokens'] / r['seconds']:6.0f} tokens/s = {rate / r['flops']:4.2f} x the matmul "
@@ -92,7 +94,7 @@ async def main() -> None:
     parser.add_argument("--logits-chunk", type=int, default=512)  # the CPU configs'
     args = parser.parse_args()
     params = sum(p.numel() for p in load_pretrained(smollm2()).parameters())
-    print(f"SmolLM2-135M: {params / 1e6:.1f}M parameters")
+    say(f"SmolLM2-135M: {params / 1e6:.1f}M parameters")
     try:
         micro = await measure(args.micro_batch, args.logits_chunk, args.sizes)
         whole = await measure(
@@ -106,4 +108,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    library_output_to_log("trainer_memory")
     asyncio.run(main())

@@ -32,6 +32,7 @@ import warnings
 import cloudpickle
 import monarch.rdma
 import torch
+from library_log import library_output_to_log
 from monarch.actor import Actor, endpoint, this_host
 from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
 from trainer_memory import batch as grpo_batch
@@ -42,6 +43,7 @@ from forge.controller import shutdown
 from forge.models import smollm2
 from forge.models.lora import LoRAConfig, served
 from forge.models.titan import hf_state_dict
+from forge.observability.console import say
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.transport import TransportConfig, delete_older_than, make_transport
@@ -143,11 +145,10 @@ async def measure(
             phases["swap"].append(updated["swap_s"])
             phases["verify"].append(updated["verify_s"])
             phases["bytes"].append(pushed["bytes"])
-        print(
+        say(
             f"  {transport.kind} v{version}: publish {pushed['publish_s']:.3f}s "
             f"(+ gather {pushed['gather_s']:.3f}s), fetch {updated['fetch_s']:.3f}s, "
             f"swap {updated['swap_s']:.3f}s (verify {updated['verify_s']:.3f}s)",
-            flush=True,
         )
     await shutdown()
     peaks = phases.pop("peak_rss_gb")
@@ -170,7 +171,7 @@ async def compare_lora(versions: int, bound: float) -> None:
             shm.remove()
     for name, r in results.items():
         total = r["publish"] + r["fetch"] + r["swap"]
-        print(
+        say(
             f"{name:12s} {r['bytes'] / 1e6:8.2f} MB a version  publish {r['publish']:.3f}s  "
             f"fetch {r['fetch']:.3f}s  swap {r['swap']:.3f}s  total {total:.3f}s "
             f"({total / bound:.1f}x the full copy bound)  "
@@ -179,7 +180,7 @@ async def compare_lora(versions: int, bound: float) -> None:
     full = results.pop("full")
     for name, r in results.items():
         seconds = [x["publish"] + x["fetch"] + x["swap"] for x in (full, r)]
-        print(
+        say(
             f"{name} / full: bytes {r['bytes'] / full['bytes']:.4f}, publish + fetch + swap "
             f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
             f"{r['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
@@ -190,8 +191,8 @@ async def main(args: argparse.Namespace) -> None:
     nbytes = sum(t.numel() * t.element_size() for t in hf_state_dict(smollm2()).values())
     bandwidth = copy_bandwidth(nbytes)
     bound = nbytes / bandwidth
-    print(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
-    print(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
+    say(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
+    say(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
     if args.lora:
         await compare_lora(args.versions, bound)
         return
@@ -199,7 +200,7 @@ async def main(args: argparse.Namespace) -> None:
     if {"rdma", "torchstore"} & set(args.transports):
         raw = await raw_rdma_rate(nbytes)
         backend = monarch.rdma.get_rdma_backend()
-        print(f"raw Monarch RDMA read ({backend}), process to process: {raw / 1e9:.3f} GB/s")
+        say(f"raw Monarch RDMA read ({backend}), process to process: {raw / 1e9:.3f} GB/s")
     results = {}
     for kind in args.transports:
         shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
@@ -216,7 +217,7 @@ async def main(args: argparse.Namespace) -> None:
     for kind, r in results.items():
         total = r["publish"] + r["fetch"] + r["swap"]
         moved = r["publish"] + r["fetch"]
-        print(
+        say(
             f"{kind:10s} publish {r['publish']:.3f}s  fetch {r['fetch']:.3f}s  "
             f"swap {r['swap']:.3f}s (verify {r['verify']:.3f}s)  total {total:.3f}s = "
             f"{total / bound:.1f}x bound "
@@ -225,13 +226,14 @@ async def main(args: argparse.Namespace) -> None:
         )
         if kind != "shm" and raw is not None:
             rate = nbytes / moved
-            print(
+            say(
                 f"{'':10s} moves {rate / 1e9:.3f} GB/s (publish + fetch) = {rate / raw:.2f} x "
                 f"the raw Monarch RDMA read of the same bytes ({raw / 1e9:.3f} GB/s)"
             )
 
 
 if __name__ == "__main__":
+    library_output_to_log("weight_sync")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=6)
     parser.add_argument(
