@@ -88,10 +88,11 @@ class OneProcessGRPO:
         """Each prompt's ids, `group_size` times, and the sampled completions up to eos."""
         sampling, eos = self.cfg.generator.sampling, self.tokenizer.eos_token_id
         ids = [
-            self.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(
+                r["prompt"], add_generation_prompt=True, return_dict=False
+            )
             for r in rows
         ]
-        ids = [i if isinstance(i, list) else i["input_ids"] for i in ids]
         batch = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         self.model.eval()
         out = self.model.generate(
