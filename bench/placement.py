@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from async_speedup import seconds_per_step
 from library_log import library_output_to_log
 from trainer_memory import matmul_flops
 
@@ -52,8 +53,7 @@ async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) 
     say(f"{name}: {' '.join(overrides)} -> {run_dir}")
     await app_main(cfg)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    ends = [m["run/elapsed_s"] for m in metrics]
-    measured = statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)])
+    measured = seconds_per_step(metrics)
     # Written where a prediction was made: under auto, or with the phase costs cached.
     path = run_dir / "pipeline.json"
     pipeline = json.loads(path.read_text()) if path.exists() else {}

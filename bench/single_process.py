@@ -9,9 +9,10 @@ clip (the learning-rate warmup aside: it costs nothing). Seconds per step are th
 steps 2-N from each step's end; the rest of a run's wall time (start-up, the first step's extra,
 shutdown) is printed apart, with the step at which forge's longer start-up is paid back. The
 runs alternate (baseline, forge; forge, baseline; ...) so that a drift of the machine's speed
-favours neither. Printed per repeat: each one's s/step, the baseline's generate and train
-seconds, tokens per step (prompt + completion, as the trainer counts them), forge / baseline;
-then the median over repeats (forge's target: <= 1). Library output goes to a log file.
+favours neither. Printed per repeat: each one's s/step, the baseline's generate (and score)
+and train seconds, tokens per step (prompt + completion, as the trainer counts them), forge /
+baseline; then the median over repeats (forge's target: <= 1). Library output goes to a log
+file.
 
     python bench/single_process.py [--sizes 16 64] [--steps 6] [--repeats 2] [k=v ...]
 """
@@ -25,6 +26,7 @@ import statistics
 import time
 
 import torch
+from async_speedup import seconds_per_step
 from library_log import library_output_to_log
 from placement import APP, run
 
@@ -66,7 +68,6 @@ class OneProcessGRPO:
         rows = [next(self.dataset) for _ in range(cfg.buffer.batch_size // group)]
         start = time.perf_counter()
         prompts, completions = self.generate(rows)
-        generated = time.perf_counter()
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         rewards = torch.tensor(
             [
@@ -75,6 +76,7 @@ class OneProcessGRPO:
             ]
         )
         advantages = group_advantages(rewards.view(-1, group)).flatten()
+        generated = time.perf_counter()  # generated and scored, as forge's rollout time counts
         tokens = self.train(
             [p + c for p, c in zip(prompts, completions, strict=True)],
             [len(p) for p in prompts],
@@ -140,40 +142,35 @@ class OneProcessGRPO:
         return sum(map(len, sequences))
 
 
-def baseline(config: str, overrides: list[str], steps: int) -> list[dict[str, float]]:
+async def forge_run(config: str, overrides: list[str], steps: int) -> tuple[list[dict], str]:
+    r = await run(config, "forge", ["placement=auto", *overrides], steps)
+    tokens = statistics.median(m["train/tokens"] for m in r["metrics"][1:])
+    chosen = r.get("chosen", {}).get("placement", "?")
+    return r["metrics"], f"placement auto -> {chosen}, {tokens:.0f} tokens/step"
+
+
+async def one_process_run(config: str, overrides: list[str], steps: int) -> tuple[list[dict], str]:
     cfg = load_config(load_app(APP)[1], config, overrides)
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # every core, to each phase in turn
     say(f"one process: {' '.join(overrides)}, {torch.get_num_threads()} threads")
     loop = OneProcessGRPO(cfg)
-    metrics, start = [], time.perf_counter()
+    m, start = [], time.perf_counter()
     for _ in range(steps):
-        metrics.append({**loop.step(), "run/elapsed_s": time.perf_counter() - start})
+        m.append({**loop.step(), "run/elapsed_s": time.perf_counter() - start})
     del loop
     gc.collect()
-    return metrics
-
-
-def per_step(ends: list[float]) -> float:
-    return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
+    gen = statistics.median(s["generate_s"] for s in m[1:])
+    train = statistics.median(s["train_s"] for s in m[1:])
+    tokens = statistics.median(s["tokens"] for s in m[1:])
+    return m, f"generate {gen:.1f} s + train {train:.1f} s, {tokens:.0f} tokens/step"
 
 
 async def measure(name: str, config: str, overrides: list[str], steps: int) -> tuple[float, float]:
     """One run: its s/step, and what its wall time holds beyond that many steps."""
     start = time.perf_counter()
-    if name == "forge":
-        r = await run(config, "forge", ["placement=auto", *overrides], steps)
-        per, ends = r["measured_s_per_step"], [m["run/elapsed_s"] for m in r["metrics"]]
-        tokens = statistics.median(m["train/tokens"] for m in r["metrics"][1:])
-        chosen = r.get("chosen", {}).get("placement", "?")
-        detail = f"placement auto -> {chosen}, {tokens:.0f} tokens/step"
-    else:
-        m = baseline(config, overrides, steps)
-        ends = [s["run/elapsed_s"] for s in m]
-        per = per_step(ends)
-        gen = statistics.median(s["generate_s"] for s in m[1:])
-        train = statistics.median(s["train_s"] for s in m[1:])
-        tokens = statistics.median(s["tokens"] for s in m[1:])
-        detail = f"generate {gen:.1f} s + train {train:.1f} s, {tokens:.0f} tokens/step"
+    runner = forge_run if name == "forge" else one_process_run
+    metrics, detail = await runner(config, overrides, steps)
+    per, ends = seconds_per_step(metrics), [m["run/elapsed_s"] for m in metrics]
     # All but steps 2-N, less one step: start-up, the first step's extra, shutdown.
     rest = time.perf_counter() - start - (ends[-1] - ends[0]) - per
     say(f"  {name:<12}{per:7.2f} s/step + {rest:5.1f} s once  ({detail})")
