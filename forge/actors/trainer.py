@@ -93,6 +93,9 @@ class TrainerConfig:
         dtype: "float32", or "bfloat16" compute over float32 weights, gradients and optimizer
             state: FSDP's mixed precision on GPUs, autocast on CPUs (where FSDP's per-unshard
             casts made a step slower than float32).
+        publish_dtype: the dtype published versions hold: the generators' (a run sets it to
+            generator.dtype), so a bfloat16 engine gets half the bytes, already rounded as its
+            loader would round them. None: the parameters' own.
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
             episodes can be scored under the weights that generated them.
@@ -118,6 +121,7 @@ class TrainerConfig:
     objective: ObjectiveName = "grpo"
     temperature: float = 1.0
     dtype: Literal["float32", "bfloat16"] = "float32"
+    publish_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     max_grad_norm: float = 1.0
     tensor_parallel: int = 1
     seed: int = 0
@@ -642,12 +646,14 @@ class TitanTrainer(ForgeActor):
     def _hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """What a version holds, on rank 0 (None on the other ranks): the full weights
         HF-named, or with LoRA the adapters PEFT-named (or with `lora.publish: merged`, the
-        weights with the adapters folded in). Reordered tensors live in buffers that the next
-        call overwrites."""
+        weights with the adapters folded in), in `publish_dtype`. Reordered tensors live in
+        buffers that the next call overwrites."""
         lora = self.cfg.lora
         if lora is not None and lora.publish == "adapter":
             adapters = self._full_state_dict(adapters_only=True)
-            return None if self.rank != 0 else self._peft_layout(adapters)
+            if self.rank != 0:
+                return None
+            return _in_dtype(self._peft_layout(adapters), self.cfg.publish_dtype)
         state_dict = self._full_state_dict()
         if self.rank != 0:
             return None
@@ -657,7 +663,7 @@ class TitanTrainer(ForgeActor):
             self._hf_layout = HfLayout.learn(self.titan.adapter, state_dict) or (
                 self.titan.adapter.to_hf
             )
-        return self._hf_layout(state_dict)
+        return _in_dtype(self._hf_layout(state_dict), self.cfg.publish_dtype)
 
     def _learn_peft_layout(self) -> None:
         """Learns, on rank 0, where each adapter goes in PEFT's layout: the HF name and row
@@ -742,6 +748,14 @@ class TitanTrainer(ForgeActor):
 
 def _length(episode: Episode) -> int:
     return len(episode.completion.prompt_ids) + len(episode.completion.token_ids)
+
+
+def _in_dtype(state_dict: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
+    """`state_dict` with its floating-point tensors in `dtype` (as they are if None)."""
+    if dtype is None:
+        return state_dict
+    target = getattr(torch, dtype)
+    return {k: v.to(target) if v.is_floating_point() else v for k, v in state_dict.items()}
 
 
 def lr_factor(cfg: SchedulerConfig, step: int) -> float:

@@ -118,6 +118,14 @@ class RunConfig:
                 "generator.lora differs from what the trainer publishes: set trainer.lora "
                 "alone (the generator serves the adapter, or the merged weights, it trains)"
             )
+        # Weights travel in the engines' dtype: a bfloat16 engine would round float32's anyway.
+        if self.trainer.publish_dtype is None:
+            self.trainer.publish_dtype = self.generator.dtype
+        elif self.trainer.publish_dtype != self.generator.dtype:
+            raise ValueError(
+                f"trainer.publish_dtype {self.trainer.publish_dtype} differs from generator.dtype "
+                f"{self.generator.dtype}: leave it unset, a run publishes in the engines' dtype"
+            )
 
     def roles(self) -> list[Role]:
         """The proc meshes the run spawns, in the order the Provisioner places them (the

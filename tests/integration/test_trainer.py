@@ -23,6 +23,8 @@ from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
 
+EMBED = "model.embed_tokens.weight"  # kept by vLLM as loaded: its checksum is comparable
+
 
 def episodes(n: int = 8, seed: int = 0) -> list[Episode]:
     rng = random.Random(seed)
@@ -194,6 +196,41 @@ async def test_bfloat16_on_cpu_trains_in_bfloat16_keeps_float32_weights_and_feed
         kls[version] = float(mismatch_kl(ours, gen, torch.ones_like(gen, dtype=torch.bool))[0])
     print(f"bfloat16 trainer vs bfloat16 engine, mismatch KL by engine version: {kls}")
     assert kls[1] < kls[0] / 2
+
+
+async def test_weights_published_in_bfloat16_load_into_a_bfloat16_engine_as_float32_ones_do(
+    tmp_path, cleanup
+):
+    # Two trainers on the same starting weights publish into one folder: float32 (version 0)
+    # and, as a run does for a bfloat16 engine, bfloat16 (version 1).
+    wide = await TitanTrainer.as_actor(trainer_config(tmp_path))
+    narrow = await TitanTrainer.as_actor(trainer_config(tmp_path, publish_dtype="bfloat16"))
+    sizes = [(await wide.push_weights.call_one(0))["bytes"]]
+    sizes.append((await narrow.push_weights.call_one(1))["bytes"])
+    assert sizes[1] < 0.51 * sizes[0], sizes
+    transport = SharedMemoryTransport(tmp_path / "w")
+    manifests = [(await transport.locate(v))[1] for v in (0, 1)]
+    assert {e.dtype for e in manifests[1].tensors} == {"bfloat16"}
+    embed = [next(e.checksum for e in m.tensors if e.name == EMBED) for m in manifests]
+
+    cfg = trainer_config(tmp_path)
+    generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
+        GeneratorConfig(
+            model=cfg.model, dtype="bfloat16", max_model_len=256, kv_cache_mb=32,
+            transport=cfg.transport,
+        )
+    )  # fmt: skip
+    served = {}
+    for version in (0, 1):
+        await generator.update_weights.call_one(version)
+        sampling = {"max_tokens": 16, "seed": 0}
+        completions = await generator.generate.call_one("Count: 1 2", n=4, sampling=sampling)
+        served[version] = [(c.token_ids, c.logprobs) for c in completions]
+        served[version].append(await generator.loaded_checksum.call_one(EMBED))
+    # The engine rounds float32 to bfloat16 as the trainer does: the same bytes either way, and
+    # the ones the bfloat16 version carries.
+    assert served[0] == served[1]
+    assert served[1][-1] == embed[1] != embed[0]
 
 
 async def test_background_checkpoint_kill_resume_gives_the_same_next_step(tmp_path, cleanup):

@@ -57,3 +57,13 @@ def test_distillation_refuses_a_top_k_it_cannot_serve(overrides, error):
     distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
     with pytest.raises(ConfigError, match=error):
         load_config(schema(distill), distill, overrides)
+
+
+def test_a_run_publishes_weights_in_its_engines_dtype():
+    grpo = ROOT / "configs" / "grpo" / "smollm2_cpu.yaml"
+    assert load_config(schema(grpo), grpo).trainer.publish_dtype == "float32"
+    gpu = ROOT / "configs" / "grpo" / "qwen3_gpu.yaml"
+    assert load_config(schema(gpu), gpu).trainer.publish_dtype == "bfloat16"
+    overrides = ["generator.dtype=bfloat16", "trainer.publish_dtype=float32"]
+    with pytest.raises(ConfigError, match="trainer.publish_dtype float32 differs from generator"):
+        load_config(schema(grpo), grpo, overrides)
