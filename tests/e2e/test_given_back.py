@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helper_runs import ROOT, finish, wait_for_steps
+from helper_runs import ROOT, finish, forge_run, wait_for_steps
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig
@@ -35,13 +35,8 @@ VOWELS = "reward.functions=[helper_rewards:vowel_fraction]"
 
 def start(run_dir: Path, steps: int) -> subprocess.Popen:
     """A tiny GRPO run in a session of its own, so that its whole process group can be
-    killed; console output to <run_dir>.log."""
-    cmd = [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", TINY]
-    cmd += [f"run_dir={run_dir}", VOWELS, f"steps={steps}", "export_hf=false"]
-    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
-    return subprocess.Popen(
-        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    killed."""
+    return forge_run("grpo", TINY, run_dir, VOWELS, f"steps={steps}", "export_hf=false")
 
 
 def ours(driver: int) -> tuple[set[Path], list[psutil.Process]]:
