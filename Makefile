@@ -22,7 +22,7 @@ EXTRAS := cpu,dev,metrics
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 
-.PHONY: install grpo grpo-lora distill sft test lint demo bench lab clean
+.PHONY: install grpo grpo-lora grpo-own-data distill sft test lint demo bench lab clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ grpo: $(STAMP)
 # GRPO training LoRA adapters on the frozen model (configs/grpo/smollm2_lora_cpu.yaml).
 grpo-lora: $(STAMP)
 	$(PY) -m forge run apps/grpo/main.py --config configs/grpo/smollm2_lora_cpu.yaml $(ARGS)
+
+# GRPO on a jsonl file with a reward module of the user's own (configs/grpo/own_data_cpu.yaml).
+grpo-own-data: $(STAMP)
+	PYTHONPATH=examples/own_data $(PY) -m forge run apps/grpo/main.py --config configs/grpo/own_data_cpu.yaml $(ARGS)
 
 # The distillation config's teacher is `make sft`'s exported model: trained first if missing.
 distill: $(STAMP)

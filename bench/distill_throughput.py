@@ -26,7 +26,7 @@ from forge.observability.console import say
 APPS = Path(__file__).parents[1] / "apps"
 GRPO_CONFIG = "configs/grpo/smollm2_cpu.yaml"
 # Keys both apps understand, copied from the distillation config into the GRPO run.
-SHARED = ("group_size", "dataset", "buffer", "generator_resources", "trainer_resources")
+SHARED = ("group_size", "data", "buffer", "generator_resources", "trainer_resources")
 
 
 async def run(app: str, config: str, overrides: list[str]) -> list[dict]:

@@ -32,7 +32,7 @@ from placement import APP, run
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.data.datasets import ReasoningGymDataset
+from forge.data.datasets import open_dataset
 from forge.data.rewards import resolve_reward
 from forge.losses import group_advantages
 from forge.models import resolve_model
@@ -58,7 +58,7 @@ class OneProcessGRPO:
             weight_decay=o.weight_decay,
             fused=True,
         )
-        self.dataset = ReasoningGymDataset(cfg.dataset)
+        self.dataset = open_dataset(cfg.data)
         self.rewards = [
             (resolve_reward(n), cfg.reward.weights.get(n, 1.0)) for n in cfg.reward.functions
         ]

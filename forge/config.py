@@ -5,7 +5,8 @@ as an Enum or a Literal); a yaml file maps onto it one to one. `load_config` app
 the dataclass defaults, the yaml file and `key=value` overrides with dotted keys
 (`trainer.lr=1e-4`, values parsed as yaml), resolves `${...}` interpolations and returns an
 instance of the dataclass. Checks that span several fields belong in `__post_init__`, raising
-ValueError.
+ValueError. A dataclass whose key was renamed or removed says so in a class attribute
+`RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the error quotes it.
 
 Every bad input raises ConfigError, whose message is one line naming where the input came from
 (the yaml file, or "command line") and the full dotted key:
@@ -117,7 +118,7 @@ def _merge(
         try:
             node.merge_with({key: value})
         except ConfigKeyError as e:
-            raise _error(source, e.full_key or path, "unknown key" + _suggestion(e)) from None
+            raise _error(source, e.full_key or path, _unknown_key(node, key, e)) from None
         except OmegaConfBaseException as e:
             raise _error(source, e.full_key or path, _first_line(e)) from None
         applied.append((path, source))
@@ -169,6 +170,13 @@ def _overlaps(a: str, b: str) -> bool:
 
 def _error(source: str, key: str, detail: str) -> ConfigError:
     return ConfigError(": ".join(part for part in (source, key, detail) if part))
+
+
+def _unknown_key(node: DictConfig, key: str, e: ConfigKeyError) -> str:
+    """What a key the schema lacks is: one its dataclass renamed or removed (its RENAMED_KEYS
+    say where it went), else unknown, with the closest known key."""
+    renamed = getattr(OmegaConf.get_type(node), "RENAMED_KEYS", {}).get(key)
+    return renamed or "unknown key" + _suggestion(e)
 
 
 def _suggestion(e: ConfigKeyError) -> str:

@@ -2,8 +2,9 @@
 
     forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml
 
-Rows come from a reasoning-gym task or a local file / Hugging Face dataset folder; the answer,
-put into `data.answer_template`, is the assistant's target. Batches group rows of similar
+Rows come from the `data:` section every app shares (a reasoning-gym task, a local file or
+folder, a Hugging Face dataset); the answer, put into `target.template` (or a column of full
+answers, `target.column`), is the assistant's target. Batches group rows of similar
 length (forge.data.sft.LengthBucketBatcher), so padding stays small: `train/padding_fraction`
 reports it. Every `eval.interval` steps the weights go to the generators, which answer the
 held-out rows greedily (`eval/reward`), and the trainer scores the held-out answers
@@ -16,16 +17,17 @@ from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
 
-from forge.data.datasets import ReasoningGymConfig
+from forge.config import ConfigError
 from forge.data.episode import Episode
 from forge.data.sft import (
     LengthBucketBatcher,
-    SFTDatasetConfig,
     SFTExamples,
+    SFTTarget,
     padding_fraction,
     sft_episode,
     tokenize_row,
 )
+from forge.data.tables import DatasetError
 from forge.loop import Run, RunConfig, TrainerDied
 from forge.models import resolve_model
 from forge.observability import record_metric
@@ -33,16 +35,16 @@ from forge.observability import record_metric
 
 @dataclass
 class Config(RunConfig):
-    """RunConfig plus the SFT data.
+    """RunConfig plus what the assistant learns to answer.
 
     Args:
-        data: the training rows and the answer template.
+        target: the answer template, or the column of full answers.
         batch_size: sequences per optimizer step.
         bucket_window: batches read ahead and sorted by length (1: no bucketing).
     """
 
     run_dir: str = "runs/sft"
-    data: SFTDatasetConfig = field(default_factory=SFTDatasetConfig)
+    target: SFTTarget = field(default_factory=SFTTarget)
     batch_size: int = 16
     bucket_window: int = 8
 
@@ -50,8 +52,12 @@ class Config(RunConfig):
         super().__post_init__()
         if self.trainer.objective != "sft":
             raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
-        if self.data.source == "local" and self.eval.interval and self.eval.dataset is None:
-            raise ValueError("SFT on local data holds out no rows itself: set eval.dataset")
+        if self.target.column is not None and self.target.column == self.data.answer_column:
+            # The rows carry that column as the answer: the template does the job.
+            raise ValueError(
+                "target.column is data.answer_column: leave it unset and set target.template "
+                "to '{answer}'"
+            )
 
 
 class SFT(Run):
@@ -63,7 +69,10 @@ class SFT(Run):
     async def start_services(self) -> list:
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
-        examples = SFTExamples(cfg.data, self.tokenizer)
+        try:
+            examples = SFTExamples(self.data, cfg.target, self.tokenizer)
+        except DatasetError as e:
+            raise ConfigError(f"target.column: {e}") from None
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
         self.first_state = await self.state_dict()
         return []
@@ -74,15 +83,12 @@ class SFT(Run):
     async def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state["batches"])
 
-    def training_task(self) -> ReasoningGymConfig:
-        return self.cfg.data.reasoning_gym
-
     async def run(self) -> None:
         start = time.perf_counter()
         if self.evaluator is not None:
-            t, d = self.tokenizer, self.cfg.data
-            self.held_out = [
-                sft_episode(tokenize_row(row, t, d.answer_template), f"eval-{i}")
+            t, target = self.tokenizer, self.cfg.target
+            self.held_out_answers = [
+                sft_episode(tokenize_row(row, t, target), f"eval-{i}")
                 for i, row in enumerate(self.evaluator.rows)
             ]
             await self.eval_loss(0)  # the base model's held-out loss
@@ -103,9 +109,11 @@ class SFT(Run):
         batch = next(self.batches)
         episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
         record_metric("train/padding_fraction", padding_fraction(episodes))
+        batch = _split(episodes, self.world)
+        self.log_batch(step, self.version, batch)
         # The generators serve only the held-out eval: they get weights when it is due.
         async with self.turns.training():
-            await self.train(_split(episodes, self.world))
+            await self.train(batch)
             if self.evaluator is not None and self._eval_due(step):
                 await self.publish(step)
                 await self.eval_loss(step)
@@ -115,8 +123,8 @@ class SFT(Run):
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""
         total = tokens = 0.0
         size = self.cfg.batch_size
-        for i in range(0, len(self.held_out), size):
-            chunk = self.held_out[i : i + size]
+        for i in range(0, len(self.held_out_answers), size):
+            chunk = self.held_out_answers[i : i + size]
             n = sum(len(e.completion.token_ids) for e in chunk)
             loss = await self.call_trainer("eval_loss", _split(chunk, self.world))
             total, tokens = total + loss * n, tokens + n

@@ -5,43 +5,28 @@ from typing import Any
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
-from forge.data.datasets import (
-    LocalDataset,
-    LocalDatasetConfig,
-    PromptDataset,
-    ReasoningGymConfig,
-    ReasoningGymDataset,
-)
+from forge.data.datasets import DataConfig, PromptDataset, open_dataset
 
 
 class DatasetActor(ForgeActor):
-    """A reasoning-gym task or a local Hugging Face dataset, one row per `next` call."""
+    """The training rows of a `data:` section, by their place in the iteration (`nth`).
 
-    def __init__(self, cfg: ReasoningGymConfig | LocalDatasetConfig) -> None:
+    Args:
+        cfg: the data section.
+        hold_out: rows kept apart for eval (forge.data.datasets.PromptDataset): the driver
+            holds out the same rows from the same config, so they are never served here.
+    """
+
+    def __init__(self, cfg: DataConfig, hold_out: int | float = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.hold_out = hold_out
 
     @endpoint
     async def setup(self) -> None:
-        if isinstance(self.cfg, LocalDatasetConfig):
-            self.dataset: PromptDataset = LocalDataset(self.cfg)
-        else:
-            self.dataset = ReasoningGymDataset(self.cfg)
-
-    @endpoint
-    async def next(self) -> dict[str, Any]:
-        """The next row (the order repeats, reshuffled, every epoch)."""
-        return next(self.dataset)
+        self.dataset: PromptDataset = open_dataset(self.cfg, self.hold_out)
 
     @endpoint
     async def nth(self, n: int) -> dict[str, Any]:
         """Row n of the iteration: the same row for the same n, whatever the call order."""
         return self.dataset.nth(n)
-
-    @endpoint
-    async def state_dict(self) -> dict[str, Any]:
-        return self.dataset.state_dict()
-
-    @endpoint
-    async def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state)

@@ -1,56 +1,50 @@
-"""Prompt datasets: rows with a chat prompt and a verifiable answer, in a resumable order.
+"""Prompt datasets: the `data:` section every app shares, its sources, rows in a resumable order.
 
-Every dataset yields rows shaped for the rollout loop and the reward functions
+Every source yields rows shaped for the rollout loop and the reward functions
 (forge.data.rewards):
 
     {"prompt": [{"role": "user", "content": "Calculate 3 + 4.\\n\\nPut your final ..."}],
-     "question": "Calculate 3 + 4.", "answer": "7", "task": "basic_arithmetic",
-     "index": 12, "metadata": {...}}
+     "question": "Calculate 3 + 4.", "answer": "7", "task": "basic_arithmetic", "index": 12,
+     "columns": {"question": ..., "answer": ..., "metadata": {...}}}
 
-`next(dataset)` hands out rows forever: each epoch visits every row once, in an order fixed by
-`seed` and the epoch number; `epoch` counts finished passes, and `state_dict()` /
-`load_state_dict()` resume exactly where a run stopped.
+`columns` is the source row as it is stored (every column of a file, under its own name; a
+reasoning-gym entry's question, answer and metadata), so reward functions read what they need.
 
-Two sources:
-    ReasoningGymDataset  reasoning-gym's procedural tasks, by name and task config.
-                         `easy_arithmetic()` is a task SmolLM2-135M can already partly solve.
-    LocalDataset         a Hugging Face dataset on local disk: a `save_to_disk` folder, or a
-                         json / jsonl / parquet / csv file, with configurable column names.
+Three sources (`DataConfig.source`, dispatched on in `open_dataset`):
+    reasoning_gym  reasoning-gym's procedural tasks, by name and task config.
+                   `easy_arithmetic()` is a task SmolLM2-135M can already partly solve.
+    local          a json / jsonl / parquet / csv file, or a `save_to_disk` folder.
+    hf             `datasets.load_dataset`: a Hub dataset name or a repository folder.
 
-Malformed data (LocalDataset) is found when the dataset is built, before any rollout:
-    - a prompt or answer column that is absent raises DatasetError naming the column;
-    - a row whose prompt or answer is null, empty or of the wrong type raises DatasetError naming
-      the row index and the column (`on_bad_row="raise"`, the default), or, with
-      `on_bad_row="skip"`, is left out of the order with one warning that counts the skipped
-      rows; `dataset.skipped` maps each one's index to its message. Nothing is dropped silently;
-    - a file the loader cannot read at all (e.g. a json column that is a number in one row and
-      an object in another while other rows lack some key) raises DatasetError naming the
-      first malformed row if there is one, else the loader's own one-line reason.
+`next(dataset)` hands out rows forever: each epoch visits every training row once, in an order
+fixed by `seed` and the epoch number; `epoch` counts finished passes, and `state_dict()` /
+`load_state_dict()` resume exactly where a run stopped. Rows held out for evaluation
+(`hold_out`) are a seeded sample of the source, never in the training order.
+
+Malformed rows (file sources) are found when the dataset is built, before any rollout: a row
+whose prompt or answer is null, empty or of the wrong type raises DatasetError naming the row
+and the column (`on_bad_row: raise`, the default), or, with `on_bad_row: skip`, is left out of
+the order, counted in `skipped` and in one warning. Nothing is dropped silently.
 """
 
-import functools
-import json
+import hashlib
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, ClassVar, Literal
 
 from forge.data.rewards import ANSWER_INSTRUCTION
-
-# `datasets` and `reasoning_gym` are imported by the source that reads them: ~1.5 s of CPU in
-# every process that imports this module only for its configs.
-if TYPE_CHECKING:
-    import datasets
+from forge.data.tables import DatasetError, load_table, malformed_rows
 
 logger = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 Messages = list[dict[str, str]]
 
-
-class DatasetError(ValueError):
-    """A dataset that cannot be built: the message is one line naming the source, row, column."""
+REASONING_GYM_SIZE = 10_000  # rows a reasoning-gym task generates when `size` is unset
+# A reasoning-gym row's columns: what reasoning-gym's own scorer reads.
+REASONING_GYM_COLUMNS = ("question", "answer", "metadata")
 
 
 @dataclass
@@ -73,24 +67,138 @@ class PromptTemplate:
         return messages
 
 
+@dataclass
+class DataConfig:
+    """Where an app's rows come from: the `data:` section of every app's config.
+
+    Args:
+        source: "reasoning_gym" (the procedural task `task` with options `config`), "local"
+            (the file or `save_to_disk` folder at `path`) or "hf" (`datasets.load_dataset(path,
+            subset, split=split)`: a Hub dataset name, or a repository folder of data files).
+        task: reasoning_gym: the task ("basic_arithmetic", "chain_sum", "gsm_symbolic").
+        config: reasoning_gym: the task's own options (its `*Config` fields, e.g. max_terms).
+        path: local: a .json/.jsonl/.parquet/.csv file or a `save_to_disk` folder; hf: the
+            dataset's name or folder.
+        subset: hf: the dataset's configuration name ("main" for gsm8k), if it has several.
+        split: local folders holding splits, and hf: the split to read.
+        prompt_column: local/hf: a question string (put into `template`) or a list of chat
+            messages ({"role", "content"} dicts, used as they are).
+        answer_column: local/hf: the reference answer, a string or a number (rows carry it as a
+            string).
+        size: rows to use: a reasoning-gym task generates this many (None: 10,000); a file or
+            dataset's first `size` rows (None: all).
+        seed: fixes the held-out rows, the generated rows (reasoning_gym) and the order.
+        shuffle: reorder rows each epoch.
+        on_bad_row: local/hf: "raise" on a row whose prompt or answer is malformed, or "skip"
+            it (counted, and named in one warning).
+        cache_dir: local/hf: where `datasets` keeps its Arrow copy; None: its default.
+        template: how a question string becomes chat messages.
+    """
+
+    source: Literal["reasoning_gym", "local", "hf"] = "reasoning_gym"
+    task: str = "basic_arithmetic"
+    config: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+    subset: str | None = None
+    split: str = "train"
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    size: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    on_bad_row: Literal["raise", "skip"] = "raise"
+    cache_dir: str | None = None
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "reasoning_gym": "removed: a reasoning-gym task's task, config and size are keys of data",
+        "local": "removed: data.source: local, with path, prompt_column and answer_column in data",
+        "answer_template": "moved to target.template (the SFT app's section)",
+        "completion_column": "moved to target.column (the SFT app's section)",
+    }
+
+    def __post_init__(self) -> None:
+        if self.source not in ("reasoning_gym", "local", "hf"):
+            raise ValueError(f"source must be reasoning_gym, local or hf, got {self.source!r}")
+        if self.on_bad_row not in ("raise", "skip"):
+            raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {self.on_bad_row!r}")
+        reads_path = self.source in ("local", "hf")
+        if reads_path and not self.path:
+            raise ValueError(f"source {self.source} needs path")
+        if not reads_path and self.path is not None:
+            raise ValueError("path is read by source local or hf: set source")
+        if self.subset is not None and self.source != "hf":
+            raise ValueError("subset is read by source hf")
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"size must be >= 1 (or unset for all rows), got {self.size}")
+
+
+def easy_arithmetic(size: int | None = None, seed: int = 0) -> DataConfig:
+    """Additions of two one-digit numbers ("Calculate 3 + 4."): a task with reward to learn from.
+
+    SmolLM2-135M-Instruct answers one-digit additions right about 78% of the time greedily,
+    while reasoning-gym's default `basic_arithmetic` (up to 6 terms of up to 4 digits, all four
+    operators) gives it a sampled reward near 0.007: no signal for GRPO. As yaml:
+
+        data:
+          task: basic_arithmetic
+          config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ["+"],
+                   allow_parentheses: false, allow_negation: false}
+    """
+    return DataConfig(
+        task="basic_arithmetic",
+        config={
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+        size=size,
+        seed=seed,
+    )
+
+
 class PromptDataset:
     """Rows in a seeded order, epoch after epoch, resumable. Subclasses implement `row`.
 
     Args:
-        name: names the source in errors and in the state dict.
-        indices: the source indices to visit (all rows but skipped ones).
-        seed: fixes the order of every epoch.
-        shuffle: False visits rows in source order every epoch.
+        name: names the source in errors, in the start line and in the state dict.
+        indices: the source indices that may be used (all rows but skipped ones).
+        seed: fixes the held-out rows and the order of every epoch.
+        shuffle: False visits the training rows in source order every epoch.
+        hold_out: rows held out for evaluation, never in the training order: a count (int),
+            or a fraction of the rows (a float in (0, 1)); 0 holds out none.
+        columns: the names the rows' `columns` carry.
+        skipped: source index -> why that malformed row is not among `indices`.
     """
 
-    def __init__(self, name: str, indices: list[int], seed: int, shuffle: bool) -> None:
-        if not indices:
-            raise DatasetError(f"{name}: no usable rows")
+    def __init__(
+        self,
+        name: str,
+        indices: list[int],
+        seed: int,
+        shuffle: bool,
+        hold_out: int | float = 0,
+        columns: tuple[str, ...] = (),
+        skipped: dict[int, str] | None = None,
+    ) -> None:
         self.name = name
+        self.skipped = skipped or {}
         self.seed = seed
         self.shuffle = shuffle
+        self.columns = columns
         self.epoch = 0
-        self._indices = indices
+        sample = list(indices)
+        random.Random(f"forge:held_out:{seed}").shuffle(sample)
+        self.held_out = sample[: _held_out_count(hold_out, len(indices), name)]
+        held = set(self.held_out)
+        self._indices = [i for i in indices if i not in held]
+        if not self._indices:
+            left = f" once {len(held)} are held out for eval" if held else ""
+            raise DatasetError(f"{name}: no rows to train on{left}")
         self._position = 0
         self._order = self._epoch_order(0)
 
@@ -99,6 +207,7 @@ class PromptDataset:
         raise NotImplementedError
 
     def __len__(self) -> int:
+        """Training rows per epoch."""
         return len(self._indices)
 
     def __iter__(self) -> "PromptDataset":
@@ -123,31 +232,46 @@ class PromptDataset:
         epoch, position = divmod(n, len(self))
         return self.row(self._epoch_order(epoch)[position])
 
+    def held_out_rows(self, n: int) -> list[Row]:
+        """The first `n` held-out rows (all of them if fewer)."""
+        return [self.row(i) for i in self.held_out[:n]]
+
+    def fingerprint(self) -> str:
+        """A digest of which rows train and which are held out: equal for the same source,
+        size, seed and hold-out, different if a file gained or lost rows meanwhile."""
+        digest = hashlib.sha256(f"{self.name}|{self.seed}|{self.held_out}|".encode())
+        digest.update(repr(self._indices).encode())
+        return digest.hexdigest()[:16]
+
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands: enough for `load_state_dict` to continue from here."""
         return {
             "name": self.name,
-            "size": len(self),
-            "seed": self.seed,
+            "rows": self.fingerprint(),
             "epoch": self.epoch,
             "position": self._position,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from a `state_dict()` taken on the same dataset (same source, size, seed).
+        """Continues from a `state_dict()` taken on the same dataset (same rows, seed and
+        held-out rows).
 
         Raises:
-            DatasetError: the state comes from a different dataset, so its order would differ.
+            DatasetError: the state comes from other rows, so its order would differ.
         """
-        mine = (self.name, len(self), self.seed)
-        theirs = (state["name"], state["size"], state["seed"])
-        if mine != theirs:
-            raise DatasetError(
-                f"cannot resume: state is for (name, size, seed) = {theirs}, this dataset is {mine}"
-            )
+        self.check_same_rows(state["name"], state["rows"])
         self.epoch = state["epoch"]
         self._position = state["position"]
         self._order = self._epoch_order(self.epoch)
+
+    def check_same_rows(self, name: str, fingerprint: str) -> None:
+        """Raises DatasetError unless `fingerprint` (of `name`) is this dataset's."""
+        if (name, fingerprint) != (self.name, self.fingerprint()):
+            raise DatasetError(
+                f"cannot resume: the run read other rows ({name}, rows {fingerprint}) than "
+                f"{self.name} holds now (rows {self.fingerprint()}): its file changed, or its "
+                "size, seed or held-out rows"
+            )
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(self._indices)
@@ -157,71 +281,35 @@ class PromptDataset:
         return order
 
 
-@dataclass
-class ReasoningGymConfig:
-    """A reasoning-gym procedural task.
-
-    Args:
-        task: the reasoning-gym dataset name ("basic_arithmetic", "chain_sum", "gsm_symbolic").
-        config: the task's own options (its `*Config` dataclass fields, e.g. max_terms).
-        size: rows per epoch; reasoning-gym generates row i from (seed, i).
-        seed: fixes both the generated rows and the order.
-        shuffle: reorder rows each epoch.
-        template: how a question becomes chat messages.
-    """
-
-    task: str = "basic_arithmetic"
-    config: dict[str, Any] = field(default_factory=dict)
-    size: int = 10_000
-    seed: int = 0
-    shuffle: bool = True
-    template: PromptTemplate = field(default_factory=PromptTemplate)
-
-
-def easy_arithmetic(size: int = 10_000, seed: int = 0) -> ReasoningGymConfig:
-    """Additions of two one-digit numbers ("Calculate 3 + 4."): a task with reward to learn from.
-
-    SmolLM2-135M-Instruct answers one-digit additions right about 78% of the time greedily,
-    while reasoning-gym's default `basic_arithmetic` (up to 6 terms of up to 4 digits, all four
-    operators) gives it a sampled reward near 0.007: no signal for GRPO. This config aims at a
-    sampled (T=1) base reward of roughly 0.2-0.6; measure it before relying on it. As yaml:
-
-        task: basic_arithmetic
-        config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ["+"],
-                 allow_parentheses: false, allow_negation: false}
-    """
-    return ReasoningGymConfig(
-        task="basic_arithmetic",
-        config={
-            "min_terms": 2,
-            "max_terms": 2,
-            "min_digits": 1,
-            "max_digits": 1,
-            "operators": ["+"],
-            "allow_parentheses": False,
-            "allow_negation": False,
-        },
-        size=size,
-        seed=seed,
-    )
+def _held_out_count(hold_out: int | float, rows: int, name: str) -> int:
+    if isinstance(hold_out, float):
+        if not 0 < hold_out < 1:
+            raise DatasetError(f"{name}: a held-out fraction must lie in (0, 1), got {hold_out}")
+        return max(1, round(hold_out * rows))
+    if hold_out >= rows:
+        raise DatasetError(f"{name}: cannot hold out {hold_out} of its {rows} rows for eval")
+    return hold_out
 
 
 class ReasoningGymDataset(PromptDataset):
     """Rows from a reasoning-gym task; score them with the "reasoning_gym" reward."""
 
-    def __init__(self, config: ReasoningGymConfig) -> None:
+    def __init__(self, config: DataConfig, hold_out: int | float = 0) -> None:
         import reasoning_gym
 
         self.config = config
+        size = config.size or REASONING_GYM_SIZE
         try:
             self._source = reasoning_gym.create_dataset(
-                config.task, size=config.size, seed=config.seed, **config.config
+                config.task, size=size, seed=config.seed, **config.config
             )
         except (ValueError, TypeError, AssertionError) as e:
             # Unknown task (ValueError), unknown option (TypeError), failed validate() (assert).
             raise DatasetError(f"reasoning-gym task {config.task!r}: {e}") from e
         name = f"reasoning_gym:{config.task}"
-        super().__init__(name, list(range(config.size)), config.seed, config.shuffle)
+        super().__init__(
+            name, list(range(size)), config.seed, config.shuffle, hold_out, REASONING_GYM_COLUMNS
+        )
 
     def row(self, index: int) -> Row:
         """Row `index` of the task, generated on demand."""
@@ -232,84 +320,45 @@ class ReasoningGymDataset(PromptDataset):
             "answer": entry["answer"],
             "task": self.config.task,
             "index": index,
-            "metadata": entry["metadata"],
+            "columns": {k: entry[k] for k in REASONING_GYM_COLUMNS},
         }
 
 
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-@dataclass
-class LocalDatasetConfig:
-    """A Hugging Face dataset on local disk.
-
-    Args:
-        path: a `Dataset.save_to_disk` folder, or one .json/.jsonl/.parquet/.csv file.
-        split: the split to use when the folder holds a DatasetDict.
-        prompt_column: a question string (put into `template`) or a list of chat messages
-            ({"role", "content"} dicts, used as they are).
-        answer_column: the reference answer, a string or a number (rows carry it as a string).
-        task: the rows' "task"; empty: the file or folder name.
-        seed: fixes the order.
-        shuffle: reorder rows each epoch.
-        on_bad_row: "raise" (default) or "skip" rows whose prompt or answer is malformed.
-        cache_dir: where Hugging Face keeps the Arrow copy of a file; None: its default.
-        template: how a question string becomes chat messages.
-    """
-
-    path: str
-    split: str = "train"
-    prompt_column: str = "prompt"
-    answer_column: str = "answer"
-    task: str = ""
-    seed: int = 0
-    shuffle: bool = True
-    on_bad_row: Literal["raise", "skip"] = "raise"
-    cache_dir: str | None = None
-    template: PromptTemplate = field(default_factory=PromptTemplate)
-
-    def __post_init__(self) -> None:
-        if self.on_bad_row not in ("raise", "skip"):
-            raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {self.on_bad_row!r}")
-
-
-class LocalDataset(PromptDataset):
-    """Rows from a local Hugging Face dataset, checked row by row when built.
+class TableDataset(PromptDataset):
+    """Rows of a local file or folder, or of a `datasets.load_dataset` dataset, checked row by
+    row when built.
 
     Raises:
         DatasetError: the path cannot be loaded, a column is absent, or (with
-            `on_bad_row="raise"`) a row is malformed; one line naming the row and the column.
+            `on_bad_row: raise`) a row is malformed; one line naming the row and the column.
     """
 
-    def __init__(self, config: LocalDatasetConfig) -> None:
+    def __init__(self, config: DataConfig, hold_out: int | float = 0) -> None:
         self.config = config
-        self._data = _load(config)
+        where = config.path if config.source == "local" else f"hf dataset {config.path}"
         columns = (config.prompt_column, config.answer_column)
+        self._data = load_table(
+            config.source, config.path, config.split, columns, config.subset, config.cache_dir
+        )
         for column, key in zip(columns, ("prompt_column", "answer_column"), strict=True):
             if column not in self._data.column_names:
                 raise DatasetError(
-                    f"{config.path}: no column {column!r} (columns: "
-                    f"{', '.join(self._data.column_names)}); set {key}"
+                    f"{where}: no column {column!r} (columns: "
+                    f"{', '.join(self._data.column_names)}); set data.{key}"
                 )
-        # Source index -> why that row is malformed.
-        self.skipped = _malformed_rows(self._data, config)
-        if self.skipped:
-            first = next(iter(self.skipped.values()))
-            if config.on_bad_row == "raise":
-                more = len(self.skipped) - 1
-                hint = f" (and {more} more malformed rows; on_bad_row='skip' skips them)"
-                raise DatasetError(first + (hint if more else ""))
-            logger.warning(
-                "%s: skipping %d malformed rows; first: %s", config.path, len(self.skipped), first
-            )
-        indices = [i for i in range(len(self._data)) if i not in self.skipped]
-        super().__init__(f"local:{config.path}", indices, config.seed, config.shuffle)
+        rows = min(config.size or len(self._data), len(self._data))
+        malformed = _malformed(self._data, config, where, rows)
+        indices = [i for i in range(rows) if i not in malformed]
+        name = f"{config.source}:{config.path}"
+        if config.split != "train":
+            name += f"[{config.split}]"
+        columns = tuple(self._data.column_names)
+        super().__init__(name, indices, config.seed, config.shuffle, hold_out, columns, malformed)
 
     def row(self, index: int) -> Row:
-        """Row `index` of the file; columns other than prompt and answer go to metadata."""
+        """Row `index` of the table."""
         record = dict(self._data[index])
-        prompt = record.pop(self.config.prompt_column)
-        answer = record.pop(self.config.answer_column)
+        prompt = record[self.config.prompt_column]
         if isinstance(prompt, str):
             question, messages = prompt, self.config.template.messages(prompt)
         else:
@@ -318,128 +367,35 @@ class LocalDataset(PromptDataset):
         return {
             "prompt": messages,
             "question": question,
-            "answer": str(answer),
-            "task": self.config.task or Path(self.config.path).stem,
+            "answer": str(record[self.config.answer_column]),
+            "task": Path(self.config.path).stem,
             "index": index,
-            "metadata": record,
+            "columns": record,
         }
 
 
-def _load(config: LocalDatasetConfig) -> "datasets.Dataset":
-    import datasets
-
-    path = Path(config.path)
-    if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            if config.split not in loaded:
-                raise DatasetError(
-                    f"{path}: no split {config.split!r} (splits: {', '.join(loaded)}); set split"
-                )
-            loaded = loaded[config.split]
-        return loaded
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file or folder")
-    builder = _FILE_BUILDERS.get(path.suffix)
-    if builder is None:
-        raise DatasetError(f"{path}: unknown file type; use {', '.join(_FILE_BUILDERS)}")
-    load = functools.partial(
-        datasets.load_dataset,
-        builder,
-        data_files=str(path),
-        split="train",
-        cache_dir=config.cache_dir,
-    )
-    try:
-        if builder != "json":
-            return load()
-        try:
-            return load()
-        except Exception:
-            # datasets 4.7's json loader reads a key absent from some rows only with its
-            # mixed-type detection off (on, it raises KeyError), and mixed types only with it on.
-            return load(on_mixed_types=None)
-    except Exception as e:
-        # The loaders fail in many ways (KeyError, pyarrow errors): read a json file ourselves
-        # to name the bad row, else report the root cause (pyarrow's names column and row).
-        problem = _json_problem(path, config) if builder == "json" else None
-        while e.__cause__ is not None:
-            e = e.__cause__
-        raise DatasetError(problem or f"{path}: cannot load: {type(e).__name__}: {e}") from e
+def _malformed(table: Any, config: DataConfig, where: str, rows: int) -> dict[int, str]:
+    """Row index -> what is wrong with it, for the first `rows` rows of `table`; raises on the
+    first with `on_bad_row: raise`, else names the first in one warning."""
+    columns = (config.prompt_column, config.answer_column)
+    malformed = malformed_rows(table, where, columns, rows)
+    if malformed:
+        first = next(iter(malformed.values()))
+        if config.on_bad_row == "raise":
+            more = len(malformed) - 1
+            hint = f" (and {more} more malformed rows)" if more else ""
+            raise DatasetError(f"{first}{hint}; data.on_bad_row: skip skips them")
+        logger.warning("%s: skipping %d malformed rows; first: %s", where, len(malformed), first)
+    return malformed
 
 
-def _json_problem(path: Path, config: LocalDatasetConfig) -> str | None:
-    """The first malformed row of a json/jsonl file, if any (see `_malformed_rows`)."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        records = json.loads(text)
-        records = records if isinstance(records, list) else [records]
-    except json.JSONDecodeError:
-        records = []
-        for line_number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                return f"{path} line {line_number} (row {len(records)}): not valid JSON: {e.msg}"
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            return f"{path} row {index}: a {type(record).__name__}, not a JSON object"
-        problem = _row_problem(record, config)
-        if problem:
-            return f"{path} row {index}: {problem}"
-    return None
+def open_dataset(config: DataConfig, hold_out: int | float = 0) -> PromptDataset:
+    """The dataset `config` describes, with `hold_out` rows (a count, or a fraction) kept
+    apart for evaluation.
 
-
-def _malformed_rows(data: "datasets.Dataset", config: LocalDatasetConfig) -> dict[int, str]:
-    """Row index -> "<path> row <i>: column '<name>' <problem>", for each malformed row."""
-    columns = data.select_columns([config.prompt_column, config.answer_column])
-    messages = {}
-    for index, record in enumerate(columns):
-        problem = _row_problem(record, config)
-        if problem:
-            messages[index] = f"{config.path} row {index}: {problem}"
-    return messages
-
-
-def _row_problem(record: dict[str, Any], config: LocalDatasetConfig) -> str | None:
-    """What is wrong with a row's prompt or answer ("column 'q' is null"), or None."""
-    for column, check in (
-        (config.prompt_column, _prompt_problem),
-        (config.answer_column, _answer_problem),
-    ):
-        if column not in record:
-            return f"no column {column!r}"
-        problem = check(record[column])
-        if problem:
-            return f"column {column!r} {problem}"
-    return None
-
-
-def _prompt_problem(prompt: Any) -> str | None:
-    if isinstance(prompt, str):
-        return None if prompt.strip() else "is an empty string"
-    if isinstance(prompt, list) and prompt:
-        chat = all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in prompt
-        )
-        return None if chat else "is a list but not chat messages ({role, content} strings)"
-    return _type_problem(prompt, "a string or chat messages")
-
-
-def _answer_problem(answer: Any) -> str | None:
-    if isinstance(answer, str):
-        return None if answer.strip() else "is an empty string"
-    if isinstance(answer, int | float) and not isinstance(answer, bool):
-        return None
-    return _type_problem(answer, "a string or a number")
-
-
-def _type_problem(value: Any, expected: str) -> str:
-    if value is None:
-        return "is null"
-    return f"is a {type(value).__name__} ({str(value)[:40]!r}), expected {expected}"
+    Raises:
+        DatasetError: the source cannot be read, or its rows are malformed; one line.
+    """
+    if config.source == "reasoning_gym":
+        return ReasoningGymDataset(config, hold_out)
+    return TableDataset(config, hold_out)

@@ -21,6 +21,7 @@ class Episode:
         teacher_top_ids: at each completion position, the teacher's k most likely tokens, or
             None (distillation then estimates the KL from the sampled tokens alone).
         teacher_top_logprobs: their teacher logprobs, the same shape.
+        row: the source index of the data row its prompt came from (None: not from a row).
     """
 
     episode_id: str
@@ -33,6 +34,7 @@ class Episode:
     teacher_logprobs: list[float] | None = None
     teacher_top_ids: list[list[int]] | None = None
     teacher_top_logprobs: list[list[float]] | None = None
+    row: int | None = None
 
     @property
     def policy_version(self) -> int | None:

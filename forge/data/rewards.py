@@ -1,12 +1,22 @@
-"""Reward functions: plain functions `(row, text) -> float` that score one completion.
+"""Reward functions: plain functions that score one completion of one dataset row.
 
-`row` is the dataset row the prompt came from (forge.data.datasets): it carries the reference
-`answer`, the `task` and the task's `metadata`. `text` is the completion's text. Our own answer
-extraction never raises because of what the model wrote: text it cannot read scores 0. A reward
-function does raise on a row it cannot use (no `answer`, a reference answer that is not math),
-and when the checker it calls raises (a reasoning-gym `score_answer`, math-verify's comparison):
-RewardActor then counts the call as the function's failure and logs it, rather than hide a
-checker's bug behind a score of 0 that looks like a wrong answer.
+The exact signature of a reward function, built in or a user's `module:function`:
+
+    def my_reward(row: Mapping[str, Any], text: str) -> float
+
+`row` is the dataset row the prompt came from (forge.data.datasets), the same for every data
+source: `row["answer"]` is the reference answer (the data's `answer_column`, as a string),
+`row["question"]`, `row["prompt"]` (chat messages), `row["task"]`, `row["index"]`, and
+`row["columns"]`, the source row as stored: every column of a file under its own name. `text`
+is the completion's text. A function that reads a column declares it with `@reads_columns`, so
+a run whose data lacks it fails before it starts (`check_columns`) instead of at its first
+rollout.
+
+Our own answer extraction never raises because of what the model wrote: text it cannot read
+scores 0. A reward function does raise on a row it cannot use (no `answer`, a reference answer
+that is not math), and when the checker it calls raises (a reasoning-gym `score_answer`,
+math-verify's comparison): RewardActor then counts the call as the function's failure and logs
+it, rather than hide a checker's bug behind a score of 0 that looks like a wrong answer.
 
 Expected answer format, which `ANSWER_INSTRUCTION` asks for (forge.data.datasets puts it in
 every prompt by default):
@@ -18,7 +28,8 @@ every prompt by default):
 tags yet still earns reward for a right number on arithmetic tasks).
 
 Built-in functions, by registry name (`REWARD_FUNCTIONS`):
-    reasoning_gym  the task's own `score_answer(answer, entry)` on the extracted answer.
+    reasoning_gym  the task's own `score_answer(answer, entry)` on the extracted answer; reads
+                   the `metadata` column (a reasoning-gym task's rows, or a file of them).
     math_verify    math-verify's parse + verify of the answer against the reference, so that
                    "1/2", "0.5" and "\\frac{1}{2}" are all the same answer.
     format         1 for exactly one non-empty `<answer>` block ending the text, else 0.
@@ -28,14 +39,15 @@ import functools
 import importlib
 import re
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import reasoning_gym
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
 RewardFn = Callable[[Mapping[str, Any], str], float]
+F = TypeVar("F", bound=RewardFn)
 
 ANSWER_INSTRUCTION = "Put your final answer between <answer> and </answer> tags."
 
@@ -96,11 +108,43 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
+def reads_columns(*columns: str) -> Callable[[F], F]:
+    """Declares the data columns a reward function reads from `row["columns"]`:
+
+        @reads_columns("difficulty")
+        def harder_is_better(row, text): ...
+
+    A run whose data (or eval data) lacks one of them fails before any process starts.
+    """
+
+    def declare(fn: F) -> F:
+        fn.columns = tuple(columns)  # type: ignore[attr-defined]
+        return fn
+
+    return declare
+
+
+def check_columns(functions: Mapping[str, RewardFn], source: str, columns: Sequence[str]) -> None:
+    """Raises ValueError naming each column a function declares (`reads_columns`) and the
+    `columns` of `source` lack: "f reads column 'x', which <source> lacks (columns: ...)"."""
+    missing = [
+        f"{name} reads column {column!r}"
+        for name, fn in functions.items()
+        for column in getattr(fn, "columns", ())
+        if column not in columns
+    ]
+    if missing:
+        raise ValueError(
+            f"{'; '.join(missing)}, which {source} lacks (columns: {', '.join(columns)})"
+        )
+
+
+@reads_columns("metadata")
 def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
     """Scores the extracted answer with the reasoning-gym task's own `score_answer`.
 
-    The row needs `answer` and either `metadata["source_dataset"]` (set by reasoning-gym) or
-    `task`: the name of the reasoning-gym dataset whose checker applies.
+    The row's `metadata` column names the task in `source_dataset` (reasoning-gym sets it);
+    without it, the row's `task` must be a reasoning-gym task name.
 
     Raises:
         KeyError: the row has no `answer`, or neither a source dataset nor a `task`.
@@ -109,7 +153,7 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
     entry = {
         "question": row.get("question", ""),
         "answer": _required(row, "answer"),
-        "metadata": row.get("metadata") or {},
+        "metadata": row.get("columns", {}).get("metadata") or {},
     }
     task = entry["metadata"].get("source_dataset") or _required(row, "task")
     score_answer = _reasoning_gym_scorer(task)
@@ -198,6 +242,9 @@ def resolve_reward(spec: str) -> RewardFn:
         raise ValueError(f"unknown reward function {spec!r}: use one of {known} or module:function")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as e:
+        hint = f" (is the folder holding {e.name} on PYTHONPATH?)" if e.name == module_name else ""
+        raise ValueError(f"cannot import reward function {spec!r}: {e}{hint}") from e
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot import reward function {spec!r}: {e}") from e
     if not callable(fn):

@@ -1,11 +1,12 @@
 """SFT data: chat rows -> (prompt, answer) token ids -> Episodes, batched by length.
 
 Supervised fine-tuning reuses the prompt datasets (forge.data.datasets) and the trainer's input,
-the Episode: the reference answer, put into `answer_template`, becomes the assistant's target,
-and the Episode's completion holds its tokens, so collate() masks the loss to answer tokens.
+the Episode: the reference answer, put into `SFTTarget.template` (or a column of full answers),
+becomes the assistant's target, and the Episode's completion holds its tokens, so collate()
+masks the loss to answer tokens.
 
-    examples = SFTExamples(SFTDatasetConfig(), tokenizer)     # tokenized rows, forever
-    batches = LengthBucketBatcher(examples, batch_size=16)    # lists of similar-length rows
+    examples = SFTExamples(open_dataset(DataConfig()), SFTTarget(), tokenizer)  # forever
+    batches = LengthBucketBatcher(examples, batch_size=16)  # lists of similar-length rows
     episodes = [sft_episode(e, f"{step}:{i}") for i, e in enumerate(next(batches))]
 
 Batches are right-padded, never packed (torchtitan's SDPA attention on CPU has no varlen
@@ -15,22 +16,14 @@ kernel), so LengthBucketBatcher groups rows of similar length to keep padding sm
 import functools
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from forge.data.collate import sequences
 from forge.data.completion import Completion
-from forge.data.datasets import (
-    DatasetError,
-    LocalDataset,
-    LocalDatasetConfig,
-    PromptDataset,
-    ReasoningGymConfig,
-    ReasoningGymDataset,
-    Row,
-    easy_arithmetic,
-)
+from forge.data.datasets import PromptDataset, Row
 from forge.data.episode import Episode
+from forge.data.tables import DatasetError
 
 if TYPE_CHECKING:  # transformers takes seconds to import; only type hints need it here
     from transformers import PreTrainedTokenizerBase
@@ -42,41 +35,22 @@ _PROBE = "FORGE-SFT-PROBE-7f3a"
 
 
 @dataclass
-class SFTDatasetConfig:
-    """Where SFT rows come from and what the assistant should answer.
+class SFTTarget:
+    """What the assistant should answer: the SFT app's `target:` section.
 
     Args:
-        source: "reasoning_gym" (use `reasoning_gym`) or "local" (use `local`).
-        reasoning_gym: the reasoning-gym task, when source is "reasoning_gym".
-        local: the local file or folder, when source is "local".
-        answer_template: the target text; "{answer}" is replaced by the row's reference answer
-            (no other braces are interpreted). The default matches ANSWER_INSTRUCTION.
-        completion_column: a local column holding the full assistant text, used as it is
-            instead of `answer_template`; None: build the target from the answer.
+        template: the target text; "{answer}" is replaced by the row's reference answer (no
+            other braces are interpreted). The default matches ANSWER_INSTRUCTION.
+        column: a data column holding the full assistant text, used as it is instead of
+            `template`; None: build the target from the answer.
     """
 
-    source: Literal["reasoning_gym", "local"] = "reasoning_gym"
-    reasoning_gym: ReasoningGymConfig = field(default_factory=easy_arithmetic)
-    local: LocalDatasetConfig | None = None
-    answer_template: str = DEFAULT_ANSWER_TEMPLATE
-    completion_column: str | None = None
+    template: str = DEFAULT_ANSWER_TEMPLATE
+    column: str | None = None
 
     def __post_init__(self) -> None:
-        if self.source not in ("reasoning_gym", "local"):
-            raise ValueError(f"source must be 'reasoning_gym' or 'local', got {self.source!r}")
-        if self.source == "local" and self.local is None:
-            raise ValueError("source 'local' needs local.path")
-        if self.completion_column is not None:
-            if self.source != "local":
-                raise ValueError("completion_column needs source 'local'")
-            if self.completion_column == self.local.answer_column:
-                # LocalDataset reads that column as the answer: the template does the job.
-                raise ValueError(
-                    "completion_column is local.answer_column: leave it unset and set "
-                    "answer_template to '{answer}'"
-                )
-        elif "{answer}" not in self.answer_template:
-            raise ValueError(f"answer_template {self.answer_template!r} has no {{answer}}")
+        if self.column is None and "{answer}" not in self.template:
+            raise ValueError(f"template {self.template!r} has no {{answer}}")
 
 
 @dataclass
@@ -88,12 +62,14 @@ class SFTExample:
         answer_ids: the target text's tokens, then the chat template's end-of-turn token(s).
         text: the target text (without the end-of-turn token).
         name: the source row ("basic_arithmetic row 12"), for errors and group ids.
+        row: the source row's index.
     """
 
     prompt_ids: list[int]
     answer_ids: list[int]
     text: str
     name: str
+    row: int
 
     @property
     def length(self) -> int:
@@ -101,39 +77,27 @@ class SFTExample:
         return len(self.prompt_ids) + len(self.answer_ids)
 
 
-def target_text(
-    row: Row, template: str = DEFAULT_ANSWER_TEMPLATE, completion_column: str | None = None
-) -> str:
-    """The assistant's target for `row`: `template` with the row's answer, or the completion.
-
-    Args:
-        row: a forge.data.datasets row.
-        template: "{answer}" is replaced by `row["answer"]`.
-        completion_column: read the full target from this column (LocalDataset keeps extra
-            columns in `row["metadata"]`) instead of filling the template.
+def target_text(row: Row, target: SFTTarget) -> str:
+    """The assistant's target for `row`: the template with the row's answer, or the text of
+    the row's `target.column`.
 
     Raises:
-        DatasetError: the answer (or completion) is absent or empty; one line naming the row.
+        DatasetError: the answer (or the target column) is absent or empty; one line naming
+            the row.
     """
-    if completion_column is None:
+    if target.column is None:
         what, value = "answer", row.get("answer")
     else:
-        value = row.get("metadata", {}).get(completion_column)
-        what = f"column {completion_column!r}"
+        value = row.get("columns", {}).get(target.column)
+        what = f"column {target.column!r}"
     text = "" if value is None else str(value)
     if not text.strip():
         problem = "is null" if value is None else f"is empty ({value!r})"
         raise DatasetError(f"{_row_name(row)}: {what} {problem}; SFT needs a target text")
-    return text if completion_column is not None else template.replace("{answer}", text)
+    return text if target.column is not None else target.template.replace("{answer}", text)
 
 
-def tokenize_row(
-    row: Row,
-    tokenizer: "PreTrainedTokenizerBase",
-    template: str = DEFAULT_ANSWER_TEMPLATE,
-    *,
-    completion_column: str | None = None,
-) -> SFTExample:
+def tokenize_row(row: Row, tokenizer: "PreTrainedTokenizerBase", target: SFTTarget) -> SFTExample:
     """Tokenizes a row into the prompt the generator would send and the answer to learn.
 
     prompt_ids + answer_ids are the chat template applied to the prompt and the assistant's
@@ -143,13 +107,13 @@ def tokenize_row(
     Raises:
         DatasetError: the row has no target text (see `target_text`).
     """
-    text = target_text(row, template, completion_column)
+    text = target_text(row, target)
     prompt_ids = tokenizer.apply_chat_template(
         row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
     )
     end_of_turn = list(_end_of_turn_ids(tokenizer))
     answer_ids = tokenizer.encode(text, add_special_tokens=False) + end_of_turn
-    return SFTExample(list(prompt_ids), answer_ids, text, _row_name(row))
+    return SFTExample(list(prompt_ids), answer_ids, text, _row_name(row), row["index"])
 
 
 @functools.lru_cache(maxsize=8)
@@ -183,32 +147,34 @@ def sft_episode(example: SFTExample, episode_id: str) -> Episode:
         token_versions=[0] * n,
         stop_reason="stop",
     )
-    return Episode(episode_id=episode_id, group_id=example.name, completion=completion)
+    return Episode(episode_id, example.name, completion, row=example.row)
 
 
 class SFTExamples:
-    """Tokenized rows of an SFT dataset, epoch after epoch in the dataset's seeded order.
+    """Tokenized rows of a dataset, epoch after epoch in the dataset's seeded order.
 
     Raises:
-        DatasetError: the dataset cannot be built, or lacks `completion_column`.
+        DatasetError: the dataset lacks `target.column`.
     """
 
-    def __init__(self, config: SFTDatasetConfig, tokenizer: "PreTrainedTokenizerBase") -> None:
-        self.config = config
+    def __init__(
+        self, dataset: PromptDataset, target: SFTTarget, tokenizer: "PreTrainedTokenizerBase"
+    ) -> None:
+        # Checked now, not when the first row is reached mid-training: every row has every column.
+        if target.column is not None and target.column not in dataset.columns:
+            raise DatasetError(
+                f"{dataset.name}: no column {target.column!r} (columns: "
+                f"{', '.join(dataset.columns)}); set target.column"
+            )
+        self.dataset = dataset
+        self.target = target
         self.tokenizer = tokenizer
-        self.dataset = _dataset(config)
 
     def __iter__(self) -> "SFTExamples":
         return self
 
     def __next__(self) -> SFTExample:
-        row = next(self.dataset)
-        return tokenize_row(
-            row,
-            self.tokenizer,
-            self.config.answer_template,
-            completion_column=self.config.completion_column,
-        )
+        return tokenize_row(next(self.dataset), self.tokenizer, self.target)
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's position (see PromptDataset.state_dict)."""
@@ -217,21 +183,6 @@ class SFTExamples:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a `state_dict()` of the same dataset."""
         self.dataset.load_state_dict(state)
-
-
-def _dataset(config: SFTDatasetConfig) -> PromptDataset:
-    if config.source == "reasoning_gym":
-        return ReasoningGymDataset(config.reasoning_gym)
-    dataset = LocalDataset(config.local)
-    column = config.completion_column
-    # Checked now, not when the first row is reached mid-training: every row has every column.
-    others = dataset.nth(0)["metadata"]
-    if column is not None and column not in others:
-        raise DatasetError(
-            f"{config.local.path}: no column {column!r} (other columns: "
-            f"{', '.join(others) or 'none'}); set completion_column"
-        )
-    return dataset
 
 
 class ExampleSource(Protocol):

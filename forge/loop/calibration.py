@@ -48,7 +48,7 @@ def cache_key(c: "RLConfig", cores: int) -> str:
     t, s = c.trainer, c.generator.sampling
     parts = (
         _cpu_model(), cores, code_version(), c.generator.model, c.generator.dtype, t.model,
-        t.dtype, c.buffer.batch_size, c.group_size, s.max_tokens, c.dataset.task,
+        t.dtype, c.buffer.batch_size, c.group_size, s.max_tokens, c.data.path or c.data.task,
         t.micro_batch_size, t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
     )  # fmt: skip
     return "|".join(map(str, parts))

@@ -1,14 +1,14 @@
 """The config fields every app shares: where the run lives, its actors, their placement, eval."""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.replay_buffer import ReplayBufferConfig
 from forge.actors.reward import RewardConfig
 from forge.actors.trainer import TrainerConfig
 from forge.controller import ProvisionerConfig
-from forge.data.datasets import ReasoningGymConfig, easy_arithmetic
+from forge.data.datasets import DataConfig
 from forge.models.lora import served
 from forge.observability import MetricsConfig
 
@@ -44,27 +44,51 @@ class Role:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation: the generators answer a fixed set of rows greedily.
+    """Held-out evaluation: the generators answer a fixed set of rows greedily, and the reward
+    functions score the answers.
+
+    The rows: by default `size` rows held out of the training source (`data`): a seeded sample
+    that is never trained on. `fraction` holds out that share of the source instead, `size` of
+    them evaluated. `split` evaluates `size` rows of another split of the same source, `data`
+    of another source; neither holds anything out.
 
     Args:
         interval: evaluate every `interval` steps (and before the first and after the last);
-            0 turns eval off.
-        size: how many held-out rows.
-        dataset: where the rows come from; None: the training task with `seed` as its seed
-            (a procedural task generates different rows from another seed).
-        seed: the held-out rows' seed when `dataset` is None.
+            0 turns eval off (and holds nothing out).
+        size: rows evaluated.
+        fraction: the share of the training source held out, in (0, 1); None: `size` rows.
+        split: a split of the training source to evaluate on (local folders with splits, hf).
+        data: another source to evaluate on.
         max_tokens: generation budget per answer.
     """
 
     interval: int = 0
     size: int = 64
-    dataset: ReasoningGymConfig | None = None
-    seed: int = 1_000_003
+    fraction: float | None = None
+    split: str | None = None
+    data: DataConfig | None = None
     max_tokens: int = 32
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "dataset": "renamed to eval.data",
+        "seed": "removed: eval rows are held out of data (eval.size, eval.fraction), or read "
+        "from eval.split or eval.data",
+    }
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.size < 1:
             raise ValueError(f"need interval >= 0 and size >= 1, got {self.interval}, {self.size}")
+        chosen = [k for k in ("fraction", "split", "data") if getattr(self, k) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"set one of fraction, split and data, not {' and '.join(chosen)}")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise ValueError(f"fraction must lie in (0, 1), got {self.fraction}")
+
+    def hold_out(self) -> int | float:
+        """What the training source keeps apart for eval: a count, a fraction, or 0."""
+        if not self.interval or self.split is not None or self.data is not None:
+            return 0
+        return self.fraction if self.fraction is not None else self.size
 
 
 @dataclass
@@ -75,6 +99,7 @@ class RunConfig:
         run_dir: the run's folder: its config, metrics, plot, trained-episode log, checkpoints,
             export. It identifies the run (forge/loop/run_folder.py).
         steps: the run's total optimizer steps; a resumed run continues up to it.
+        data: the training rows (docs/data.md); eval holds its rows out of them.
         resume: continue the run in `run_dir` from its newest checkpoint; false refuses a
             folder that holds a run.
         max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
@@ -93,6 +118,7 @@ class RunConfig:
 
     run_dir: str = "runs/forge"
     steps: int = 20
+    data: DataConfig = field(default_factory=DataConfig)
     resume: bool = True
     max_trainer_restarts: int = 2
     seed: int = 0
@@ -107,6 +133,10 @@ class RunConfig:
     provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "dataset": "renamed to data (one data section for every app: docs/data.md)"
+    }
 
     def __post_init__(self) -> None:
         # The generator serves what the trainer publishes: LoRA is set once, on the trainer.
@@ -152,7 +182,6 @@ class RLConfig(RunConfig):
 
     mode: Literal["async", "sync"] = "async"
     group_size: int = 8
-    dataset: ReasoningGymConfig = field(default_factory=easy_arithmetic)
     buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
 
     def __post_init__(self) -> None:

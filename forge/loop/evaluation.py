@@ -1,14 +1,59 @@
 """Held-out evaluation: the generators answer fixed rows greedily, in the background."""
 
 import asyncio
+import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.data.datasets import DataConfig, PromptDataset, Row, open_dataset
+from forge.loop.config import EvalConfig
 from forge.loop.turns import Turns
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
+
+
+@dataclass
+class EvalRows:
+    """The rows eval answers.
+
+    Args:
+        rows: the rows (forge.data.datasets layout).
+        source: the dataset they come from.
+        columns: the columns they carry.
+        description: where they come from, for the run's start line.
+    """
+
+    rows: list[Row]
+    source: str
+    columns: tuple[str, ...]
+    description: str
+
+    def write(self, path: Path) -> None:
+        """The rows' index, question and answer, one JSON object a line (eval_rows.jsonl)."""
+        with path.open("w") as f:
+            for row in self.rows:
+                f.write(json.dumps({k: row[k] for k in ("index", "question", "answer")}) + "\n")
+
+
+def eval_rows(cfg: EvalConfig, data: DataConfig, train: PromptDataset) -> EvalRows:
+    """The rows `cfg` evaluates: held out of `train` (opened from `data` with
+    `cfg.hold_out()`), or `cfg.size` rows of another split or source.
+
+    Raises:
+        DatasetError: the other split or source cannot be read.
+    """
+    if cfg.split is None and cfg.data is None:
+        rows = train.held_out_rows(cfg.size)
+        held = len(train.held_out)
+        of = f"{len(rows)} of the {held}" if held > len(rows) else f"{len(rows)}"
+        description = f"{of} rows held out of {train.name} (never trained on)"
+        return EvalRows(rows, train.name, train.columns, description)
+    source = open_dataset(cfg.data or dataclasses.replace(data, split=cfg.split))
+    rows = [source.nth(i) for i in range(min(cfg.size, len(source)))]
+    return EvalRows(rows, source.name, source.columns, f"{len(rows)} rows of {source.name}")
 
 
 class Evaluator:

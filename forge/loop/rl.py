@@ -20,7 +20,6 @@ from forge.actors.dataset import DatasetActor
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.data.admission import AdmissionGate
 from forge.data.completion import Completion
-from forge.data.datasets import ReasoningGymConfig
 from forge.data.episode import Episode
 from forge.loop import calibration
 from forge.loop.config import RLConfig
@@ -60,13 +59,12 @@ class RLLoop(Run):
 
     async def start_services(self) -> list[Any]:
         """The replay buffer and the dataset; apps call this first when they add their own."""
+        cfg = self.cfg
         self.buffer, self.dataset = await asyncio.gather(
-            ReplayBuffer.as_actor(self.cfg.buffer), DatasetActor.as_actor(self.cfg.dataset)
+            ReplayBuffer.as_actor(cfg.buffer),
+            DatasetActor.as_actor(cfg.data, cfg.eval.hold_out()),
         )
         return []
-
-    def training_task(self) -> ReasoningGymConfig:
-        return self.cfg.dataset
 
     # --- placement ----------------------------------------------------------------------------
 
@@ -191,15 +189,18 @@ class RLLoop(Run):
         return group
 
     async def state_dict(self) -> dict[str, Any]:
-        """The dataset position (groups taken, groups to take again) and the replay buffer."""
+        """The dataset position (groups taken, groups to take again, which rows), and the
+        replay buffer."""
         async with self.delivering:  # no group enters the buffer while it is read
             return {
+                "data": [self.data.name, self.data.fingerprint()],
                 "groups": self.groups,
                 "redo": sorted(self.in_flight | set(self.redo)),
                 "buffer": await self.buffer.state_dict.call_one(),
             }
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.data.check_same_rows(*state["data"])  # group k is row k of the same rows
         self.groups, self.redo = state["groups"], list(state["redo"])
         await self.buffer.load_state_dict.call_one(state["buffer"])
         # Buffered episodes count against the admission gate as they did before the stop.
@@ -217,7 +218,10 @@ class RLLoop(Run):
                 completions = await self.generator.generate.route(
                     row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
                 )
-            return await self.score(group, row, completions)
+            episodes = await self.score(group, row, completions)
+        for episode in episodes:
+            episode.row = row["index"]
+        return episodes
 
     async def rollout_worker(self) -> None:
         """Starts a rollout whenever the admission gate allows one, until the run stops.

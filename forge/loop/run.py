@@ -14,21 +14,24 @@ checkpoint and the Hugging Face export; stopping every process.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from forge.actors.generator import Generator
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
+from forge.config import ConfigError
 from forge.controller import SupervisionError, get_provisioner, init_provisioner, shutdown
-from forge.data.datasets import ReasoningGymConfig, ReasoningGymDataset
+from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.episode import Episode
+from forge.data.rewards import check_columns, resolve_reward
 from forge.loop.config import Resources, RunConfig
-from forge.loop.evaluation import Evaluator
+from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.plan import GROUP, plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.loop.turns import Turns
@@ -83,8 +86,10 @@ class Run:
         Raises RunFinished (before anything starts) if the folder's run took `steps` already.
         """
         cfg = self.cfg
-        # An impossible placement fails here, before the folder or a process.
+        # An impossible placement, data that cannot be read, a reward the data cannot feed:
+        # each fails here, before the folder or a process.
         self.plan = plan_run(cfg)
+        self.data, self.held_out = self.open_data()
         self.turns = Turns(enabled=self.plan.placement == "colocated")
         resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
         self.folder.rewind(resumed)
@@ -131,16 +136,16 @@ class Run:
         if metrics.progress_total is None:
             metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
         self.logger = MetricLogger.from_config(self.run_dir, metrics, sources=sources)
-        if cfg.eval.interval:
-            rows = self.eval_rows()
+        if self.held_out is not None:
             self.evaluator = Evaluator(
-                rows,
+                self.held_out.rows,
                 self.generator,
                 self.reward,
                 cfg.eval.max_tokens,
                 self.run_dir / "eval.jsonl",
                 self.turns,
             )
+            self.held_out.write(self.run_dir / "eval_rows.jsonl")
             if not resumed:
                 self.evaluator.start(0, self.version)  # the starting point, to compare against
         return self
@@ -182,29 +187,43 @@ class Run:
             raise TrainerDied(f"a trainer process died during {endpoint}") from e
 
     def summary(self) -> str:
-        """The start-up line: what trains, on which processes, where the run is written."""
+        """The start-up line: what trains on which rows, on which processes, where the run is
+        written."""
         g, t = self.plan.resources("generator"), self.plan.resources("trainer")
         shared = " (shared, taking turns)" if self.plan.placement == "colocated" else ""
+        skipped = len(self.data.skipped)
+        data = f"data {self.data.name}, {len(self.data)} rows" + (
+            f" ({skipped} malformed skipped)" if skipped else ""
+        )
+        held_out = f" | eval {self.held_out.description}" if self.held_out else ""
         return (
-            f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | "
-            f"{self.plan.placement}{shared}: generator {_placement(g)}, trainer "
+            f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | {data}"
+            f"{held_out} | {self.plan.placement}{shared}: generator {_placement(g)}, trainer "
             f"{_placement(t)} | run folder {self.run_dir}"
         )
+
+    def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
+        """The training rows and the eval rows, checked against the reward functions' columns.
+
+        Raises:
+            ConfigError: a source cannot be read, a row is malformed, a reward function cannot
+                be imported or reads a column the data lacks; one line naming it.
+        """
+        cfg = self.cfg
+        with _config_error("data"):
+            data = open_dataset(cfg.data, cfg.eval.hold_out())
+        with _config_error("eval"):
+            held_out = eval_rows(cfg.eval, cfg.data, data) if cfg.eval.interval else None
+        with _config_error("reward.functions"):
+            functions = {name: resolve_reward(name) for name in cfg.reward.functions}
+            check_columns(functions, data.name, data.columns)
+            if held_out is not None:
+                check_columns(functions, held_out.source, held_out.columns)
+        return data, held_out
 
     async def start_services(self) -> list[Any]:
         """Spawns the app's own actors; returns those whose metrics the logger should pull."""
         return []
-
-    def eval_rows(self) -> list[dict]:
-        """The held-out rows: `eval.dataset`, else the training task under another seed."""
-        e = self.cfg.eval
-        dataset = e.dataset or dataclasses.replace(self.training_task(), seed=e.seed)
-        source = ReasoningGymDataset(dataset)
-        return [source.nth(i) for i in range(e.size)]
-
-    def training_task(self) -> ReasoningGymConfig:
-        """The training task, which held-out rows default to (with another seed)."""
-        raise NotImplementedError(f"{type(self).__name__}: set eval.dataset")
 
     # --- each step ----------------------------------------------------------------------------
 
@@ -363,6 +382,7 @@ class Run:
             "step": step,
             "trainer_version": version,
             "episodes": [e.episode_id for e in episodes],
+            "rows": [e.row for e in episodes],
             "policy_versions": [e.policy_version for e in episodes],
         }
         self.trained_log.write(json.dumps(record) + "\n")
@@ -444,3 +464,13 @@ def _placement(r: Resources) -> str:
     where = "GPUs" if r.with_gpus else cores if r.cpus_per_proc else "any core"
     replicas = f"{r.num_replicas} replicas x " if r.num_replicas > 1 else ""
     return f"{replicas}{r.procs} proc{'s' if r.procs > 1 else ''} ({where})"
+
+
+@contextlib.contextmanager
+def _config_error(key: str) -> Iterator[None]:
+    """A ValueError raised inside (a DatasetError, a reward that cannot be imported) becomes a
+    ConfigError naming `key`: the CLI prints it in one line and exits 2."""
+    try:
+        yield
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None

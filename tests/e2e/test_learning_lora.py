@@ -6,7 +6,7 @@ A file of its own, so that the two test workers can run it beside test_learning_
 """
 
 import pytest
-from helper_runs import evals, finish, forge_run, metrics
+from helper_runs import MEASURED_EVAL_ROWS, evals, finish, forge_run, metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 RUN_TIMEOUT_S = 1500
@@ -25,7 +25,7 @@ def test_grpo_with_lora_learns_one_digit_additions_on_smollm2(tmp_path):
     run_dir = tmp_path / "lora"
     quiet = ("trainer.checkpoint.folder=null", "export_hf=false")
     config = "configs/grpo/smollm2_lora_cpu.yaml"
-    overrides = ("placement=colocated", "steps=8", "eval.interval=8")
+    overrides = ("placement=colocated", "steps=8", "eval.interval=8", MEASURED_EVAL_ROWS)
     finish(forge_run("grpo", config, run_dir, *quiet, *overrides), run_dir, RUN_TIMEOUT_S)
     steps = metrics(run_dir)
     rewards = [r["reward"] for r in evals(run_dir, "reward")]

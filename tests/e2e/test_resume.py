@@ -5,22 +5,19 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 from helper_runs import (
     console,
     finish,
     forge_run,
+    kill_groups_after_a_checkpoint,
     kill_one_mid_run,
     metrics,
     processes_with_env,
     trained,
 )
-
-from forge.actors.checkpointing import latest_step
 
 pytestmark = pytest.mark.integration
 
@@ -40,35 +37,6 @@ def grpo(run_dir: Path, *overrides: str) -> subprocess.Popen:
         "trainer.checkpoint.interval=2",
         *overrides,
     )
-
-
-def kill_groups_after_a_checkpoint(procs: dict[Path, subprocess.Popen]) -> None:
-    """SIGKILLs each driver's whole process group as soon as its run has written a checkpoint
-    and logged a later step; waits until every process of those runs is gone."""
-    deadline = time.monotonic() + 600
-    waiting = dict(procs)
-    while waiting:
-        for run_dir, proc in list(waiting.items()):
-            if latest_step(run_dir / "checkpoints") >= 2 and _steps_logged(run_dir) >= 3:
-                _kill_group(proc)
-                del waiting[run_dir]
-            else:
-                assert proc.poll() is None, console(run_dir)[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint within 600s"
-        time.sleep(0.1)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    family = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], 30)
-    assert not alive, [p.cmdline() for p in alive]
-
-
-def _steps_logged(run_dir: Path) -> int:
-    log = run_dir / "metrics.jsonl"
-    return len(log.read_text().splitlines()) if log.exists() else 0
 
 
 def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_path):

@@ -67,3 +67,33 @@ def test_a_run_publishes_weights_in_its_engines_dtype():
     overrides = ["generator.dtype=bfloat16", "trainer.publish_dtype=float32"]
     with pytest.raises(ConfigError, match="trainer.publish_dtype float32 differs from generator"):
         load_config(schema(grpo), grpo, overrides)
+
+
+@pytest.mark.parametrize(
+    ("app", "override", "error"),
+    [
+        ("grpo", "dataset.task=chain_sum", "dataset: renamed to data"),
+        ("distillation", "dataset={size: 10}", "dataset: renamed to data"),
+        ("grpo", "eval.dataset={task: chain_sum}", "eval.dataset: renamed to eval.data"),
+        ("sft", "eval.seed=3", "eval.seed: removed: eval rows are held out of data"),
+        ("sft", "data.local={path: rows.jsonl}", "data.local: removed: data.source: local"),
+        ("sft", "data.reasoning_gym.task=chain_sum", "data.reasoning_gym: removed: a reasoning"),
+        ("sft", "data.answer_template='{answer}'", "data.answer_template: moved to target.templ"),
+        ("sft", "data.completion_column=c", "data.completion_column: moved to target.column"),
+    ],
+)
+def test_an_old_spelling_names_the_new_key(app, override, error):
+    path = ROOT / "configs" / app / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match=f"^command line: {error}"):
+        load_config(schema(path), path, [override])
+
+
+def test_every_app_reads_the_same_data_section():
+    override = ["data={source: local, path: rows.jsonl, prompt_column: q, answer_column: a}"]
+    sections = {
+        app: load_config(schema(path), path, override).data
+        for app in APPS
+        for path in [ROOT / "configs" / app / "tiny_cpu.yaml"]
+    }
+    assert len({repr(s) for s in sections.values()}) == 1
+    assert sections["sft"].path == "rows.jsonl" and sections["grpo"].prompt_column == "q"

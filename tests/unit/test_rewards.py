@@ -10,12 +10,14 @@ import reasoning_gym
 from forge.data.reward_runner import RewardRunner
 from forge.data.rewards import (
     REWARD_FUNCTIONS,
+    check_columns,
     extract_answer,
     extract_boxed,
     extract_last_number,
     extract_tagged,
     format_reward,
     math_verify_reward,
+    reads_columns,
     reasoning_gym_reward,
     resolve_reward,
 )
@@ -55,7 +57,7 @@ def test_extractors_alone():
 
 def rg_row(task: str = "basic_arithmetic", **config) -> dict:
     entry = reasoning_gym.create_dataset(task, size=1, seed=5, **config)[0]
-    return {"answer": entry["answer"], "task": task, "metadata": entry["metadata"]}
+    return {"answer": entry["answer"], "task": task, "columns": {"metadata": entry["metadata"]}}
 
 
 def test_reasoning_gym_scores_right_and_wrong_answers():
@@ -176,8 +178,26 @@ WEIRD = [
 @pytest.mark.parametrize("text", WEIRD, ids=range(len(WEIRD)))
 @pytest.mark.parametrize("name", sorted(REWARD_FUNCTIONS))
 def test_weird_output_scores_without_raising(name, text):
-    row = {"answer": "1/2", "task": "basic_arithmetic", "metadata": {}}
+    row = {"answer": "1/2", "task": "basic_arithmetic", "columns": {}}
     assert 0.0 <= REWARD_FUNCTIONS[name](row, text) <= 1.0
+
+
+def test_declared_columns_the_data_lacks_are_named():
+    @reads_columns("difficulty", "source")
+    def harder_is_better(row, text):
+        return float(row["columns"]["difficulty"])
+
+    functions = {"math_verify": math_verify_reward, "mine": harder_is_better}
+    check_columns(functions, "rows.jsonl", ("question", "answer", "difficulty", "source"))
+    with pytest.raises(ValueError) as e:
+        check_columns(functions, "rows.jsonl", ("question", "answer"))
+    assert str(e.value) == (
+        "mine reads column 'difficulty'; mine reads column 'source', which rows.jsonl lacks "
+        "(columns: question, answer)"
+    )
+    # reasoning-gym's scorer needs a task's metadata: a file of plain rows has none.
+    with pytest.raises(ValueError, match="^reasoning_gym reads column 'metadata'"):
+        check_columns(REWARD_FUNCTIONS, "rows.jsonl", ("q", "a"))
 
 
 def test_resolve_reward():

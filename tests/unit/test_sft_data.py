@@ -7,21 +7,21 @@ import pytest
 import transformers
 
 import forge.models
-from forge.config import load_config
 from forge.data.collate import collate
 from forge.data.datasets import (
+    DataConfig,
     DatasetError,
-    LocalDatasetConfig,
+    PromptDataset,
     PromptTemplate,
-    ReasoningGymConfig,
     ReasoningGymDataset,
     easy_arithmetic,
+    open_dataset,
 )
 from forge.data.sft import (
     LengthBucketBatcher,
-    SFTDatasetConfig,
     SFTExample,
     SFTExamples,
+    SFTTarget,
     padding_fraction,
     sft_episode,
     target_text,
@@ -43,7 +43,7 @@ def test_prompt_and_answer_are_the_chat_template_up_to_its_newline(tokenizer, sy
     config = easy_arithmetic(size=10, seed=2)
     config.template = PromptTemplate(system=system)
     row = next(ReasoningGymDataset(config))
-    example = tokenize_row(row, tokenizer)
+    example = tokenize_row(row, tokenizer, SFTTarget())
     target = f"<answer>{row['answer']}</answer>"
     full = chat_ids(tokenizer, row["prompt"] + [{"role": "assistant", "content": target}])
     sequence = example.prompt_ids + example.answer_ids
@@ -58,8 +58,8 @@ def test_prompt_and_answer_are_the_chat_template_up_to_its_newline(tokenizer, sy
 
 
 def test_episode_collates_to_a_loss_mask_on_the_answer_tokens(tokenizer):
-    rows = ReasoningGymDataset(ReasoningGymConfig(size=4, seed=1))
-    examples = [tokenize_row(row, tokenizer) for row in itertools.islice(rows, 3)]
+    rows = ReasoningGymDataset(DataConfig(size=4, seed=1))
+    examples = [tokenize_row(row, tokenizer, SFTTarget()) for row in itertools.islice(rows, 3)]
     episodes = [sft_episode(e, f"e{i}") for i, e in enumerate(examples)]
     completion = episodes[0].completion
     assert completion.token_ids == examples[0].answer_ids and completion.stop_reason == "stop"
@@ -80,13 +80,13 @@ def test_a_row_without_an_answer_is_a_one_line_error(tokenizer, answer, problem)
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "answer": answer}
     row |= {"task": "sums", "index": 7}
     with pytest.raises(DatasetError, match=f"^sums row 7: {problem}; SFT needs") as raised:
-        tokenize_row(row, tokenizer)
+        tokenize_row(row, tokenizer, SFTTarget())
     assert "\n" not in str(raised.value)
 
 
 def test_answer_template_fills_only_the_answer():
     row = {"answer": "12", "task": "t", "index": 0}
-    assert target_text(row, "\\boxed{{answer}} {x}") == "\\boxed{12} {x}"
+    assert target_text(row, SFTTarget("\\boxed{{answer}} {x}")) == "\\boxed{12} {x}"
 
 
 def write_jsonl(path, records) -> str:
@@ -100,59 +100,33 @@ RECORDS = [
 ]
 
 
-def local_config(tmp_path, records, **kwargs) -> SFTDatasetConfig:
+def local_rows(tmp_path, records) -> PromptDataset:
     path = write_jsonl(tmp_path / "sums.jsonl", records)
-    local = LocalDatasetConfig(path=path, shuffle=False, cache_dir=str(tmp_path / "cache"))
-    return SFTDatasetConfig(source="local", local=local, **kwargs)
+    config = DataConfig(source="local", path=path, shuffle=False, cache_dir=str(tmp_path / "c"))
+    return open_dataset(config)
 
 
-def test_completion_column_is_the_target_as_it_is(tmp_path, tokenizer):
-    config = local_config(tmp_path, RECORDS, completion_column="solution")
-    example = next(SFTExamples(config, tokenizer))
+def test_target_column_is_the_target_as_it_is(tmp_path, tokenizer):
+    target = SFTTarget(column="solution")
+    example = next(SFTExamples(local_rows(tmp_path, RECORDS), target, tokenizer))
     assert example.text == "0 + 1 = 1." and example.name == "sums row 0"
-    with pytest.raises(DatasetError, match="no column 'proof' \\(other columns: solution\\)"):
-        SFTExamples(local_config(tmp_path, RECORDS, completion_column="proof"), tokenizer)
+    with pytest.raises(DatasetError, match="no column 'proof' \\(columns: prompt, answer, solu"):
+        SFTExamples(local_rows(tmp_path, RECORDS), SFTTarget(column="proof"), tokenizer)
     records = RECORDS[:1] + [{**RECORDS[1], "solution": ""}]
-    examples = SFTExamples(local_config(tmp_path, records, completion_column="solution"), tokenizer)
+    examples = SFTExamples(local_rows(tmp_path, records), target, tokenizer)
     next(examples)
     with pytest.raises(DatasetError, match="^sums row 1: column 'solution' is empty"):
         next(examples)
 
 
-def test_config_maps_a_yaml_file(tmp_path):
-    path = tmp_path / "sft.yaml"
-    path.write_text(
-        "source: local\nlocal: {path: data.jsonl, answer_column: a}\n"
-        "answer_template: 'The answer is {answer}.'\n"
-    )
-    config = load_config(SFTDatasetConfig, path)
-    assert config.local == LocalDatasetConfig(path="data.jsonl", answer_column="a")
-    assert config.answer_template == "The answer is {answer}."
-    assert load_config(SFTDatasetConfig, None).reasoning_gym == easy_arithmetic()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"source": "hub"}, "source must be"),
-        ({"source": "local"}, "needs local.path"),
-        ({"completion_column": "c"}, "completion_column needs source 'local'"),
-        ({"answer_template": "<answer></answer>"}, "has no \\{answer\\}"),
-        (
-            {"source": "local", "local": LocalDatasetConfig("x"), "completion_column": "answer"},
-            "leave it unset",
-        ),
-    ],
-)
-def test_bad_config(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        SFTDatasetConfig(**kwargs)
+def test_a_template_without_the_answer_is_refused():
+    with pytest.raises(ValueError, match="has no \\{answer\\}"):
+        SFTTarget(template="<answer></answer>")
 
 
 def mixed_lengths(tokenizer, size: int = 48, seed: int = 0) -> SFTExamples:
     # reasoning-gym's default arithmetic: 2 to 6 terms of 1 to 4 digits, prompts of 53-93 tokens.
-    config = SFTDatasetConfig(reasoning_gym=ReasoningGymConfig(size=size, seed=seed))
-    return SFTExamples(config, tokenizer)
+    return SFTExamples(open_dataset(DataConfig(size=size, seed=seed)), SFTTarget(), tokenizer)
 
 
 def names(batches: list[list[SFTExample]]) -> list[list[str]]:

@@ -1,0 +1,201 @@
+"""Tables of rows read with Hugging Face `datasets`, and the checks every row must pass.
+
+Two ways in, one kind of table out (a `datasets.Dataset`):
+    local  a `Dataset.save_to_disk` folder, or one .json / .jsonl / .parquet / .csv file.
+    hf     `datasets.load_dataset(path, subset, split=...)`: a dataset name on the Hugging Face
+           Hub, or a repository folder of data files (its splits from the file names).
+
+Every failure is a DatasetError whose message is one line naming the path and, where there is
+one, the row and the column:
+    - a path the loader cannot read names the file and the loader's root cause, or, for a json
+      file, the first row that is not valid JSON or not an object;
+    - a prompt or answer that is null, empty or of the wrong type names the row and column
+      (`malformed_rows`; the dataset decides whether to raise or to skip them).
+"""
+
+import functools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # `datasets` takes a second or two of CPU to import
+    import datasets
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be built: the message is one line naming the source, row, column."""
+
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_table(
+    source: Literal["local", "hf"],
+    path: str,
+    split: str,
+    columns: tuple[str, str],
+    subset: str | None = None,
+    cache_dir: str | None = None,
+) -> "datasets.Dataset":
+    """The table at `path` (see the module docstring for what each source reads); `columns`
+    (prompt, answer) name the row a json file the loader refuses breaks first.
+
+    Raises:
+        DatasetError: the path, split or dataset cannot be loaded; one line naming it.
+    """
+    if source == "hf":
+        return _load_hf(path, subset, split, cache_dir)
+    folder = Path(path)
+    if folder.is_dir():
+        return _load_saved(folder, split)
+    if not folder.is_file():
+        raise DatasetError(f"{path}: no such file or folder")
+    if split != "train":
+        raise DatasetError(f"{path}: one file holds one split, 'train'; no split {split!r}")
+    return _load_file(folder, columns, cache_dir)
+
+
+def _load_hf(
+    path: str, subset: str | None, split: str, cache_dir: str | None
+) -> "datasets.Dataset":
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, subset, split=split, cache_dir=cache_dir)
+    except ValueError as e:
+        if "Unknown split" in str(e) or "Bad split" in str(e):
+            raise DatasetError(f"hf dataset {path}: no split {split!r}: {_first_line(e)}") from e
+        raise DatasetError(f"hf dataset {path}: cannot load: {_first_line(e)}") from e
+    except Exception as e:  # not found, no network, a bad repository: the loader's own reason
+        raise DatasetError(
+            f"hf dataset {path}: cannot load: {type(e).__name__}: {_first_line(e)}"
+        ) from e
+
+
+def _load_saved(folder: Path, split: str) -> "datasets.Dataset":
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except FileNotFoundError as e:
+        raise DatasetError(
+            f"{folder}: not a save_to_disk folder ({_first_line(e)}); a folder of data files "
+            "is read with data.source: hf"
+        ) from e
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DatasetError(f"{folder}: no split {split!r} (splits: {', '.join(loaded)})")
+        return loaded[split]
+    if split != "train":
+        raise DatasetError(f"{folder}: holds one dataset, not splits; no split {split!r}")
+    return loaded
+
+
+def _load_file(path: Path, columns: tuple[str, str], cache_dir: str | None) -> "datasets.Dataset":
+    import datasets
+
+    builder = FILE_BUILDERS.get(path.suffix)
+    if builder is None:
+        raise DatasetError(f"{path}: unknown file type; use {', '.join(FILE_BUILDERS)}")
+    load = functools.partial(
+        datasets.load_dataset, builder, data_files=str(path), split="train", cache_dir=cache_dir
+    )
+    try:
+        if builder != "json":
+            return load()
+        try:
+            return load()
+        except Exception:
+            # datasets 4.7's json loader reads a key absent from some rows only with its
+            # mixed-type detection off (on, it raises KeyError), and mixed types only with it on.
+            return load(on_mixed_types=None)
+    except Exception as e:
+        # The loaders fail in many ways (KeyError, pyarrow errors): read a json file ourselves
+        # to name the bad row, else report the root cause (pyarrow's names column and row).
+        problem = _json_problem(path, columns) if builder == "json" else None
+        while e.__cause__ is not None:
+            e = e.__cause__
+        raise DatasetError(problem or f"{path}: cannot load: {type(e).__name__}: {e}") from e
+
+
+def _json_problem(path: Path, columns: tuple[str, str]) -> str | None:
+    """The first malformed row of a json/jsonl file, if any (see `row_problem`)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        records = json.loads(text)
+        records = records if isinstance(records, list) else [records]
+    except json.JSONDecodeError:
+        records = []
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                return f"{path} line {line_number} (row {len(records)}): not valid JSON: {e.msg}"
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            return f"{path} row {index}: a {type(record).__name__}, not a JSON object"
+        problem = row_problem(record, columns)
+        if problem:
+            return f"{path} row {index}: {problem}"
+    return None
+
+
+def malformed_rows(
+    table: "datasets.Dataset", name: str, columns: tuple[str, str], limit: int | None = None
+) -> dict[int, str]:
+    """Row index -> "<name> row <i>: column '<column>' <problem>", for each malformed row of
+    the first `limit` rows (None: all). `columns`: the prompt and answer columns."""
+    rows = table.select_columns(list(columns))
+    if limit is not None:
+        rows = rows.select(range(min(limit, len(rows))))
+    messages = {}
+    for index, record in enumerate(rows):
+        problem = row_problem(record, columns)
+        if problem:
+            messages[index] = f"{name} row {index}: {problem}"
+    return messages
+
+
+def row_problem(record: dict[str, Any], columns: tuple[str, str]) -> str | None:
+    """What is wrong with a row's prompt or answer ("column 'q' is null"), or None."""
+    for column, check in zip(columns, (_prompt_problem, _answer_problem), strict=True):
+        if column not in record:
+            return f"no column {column!r}"
+        problem = check(record[column])
+        if problem:
+            return f"column {column!r} {problem}"
+    return None
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "is an empty string"
+    if isinstance(prompt, list) and prompt:
+        chat = all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+        return None if chat else "is a list but not chat messages ({role, content} strings)"
+    return _type_problem(prompt, "a string or chat messages")
+
+
+def _answer_problem(answer: Any) -> str | None:
+    if isinstance(answer, str):
+        return None if answer.strip() else "is an empty string"
+    if isinstance(answer, int | float) and not isinstance(answer, bool):
+        return None
+    return _type_problem(answer, "a string or a number")
+
+
+def _type_problem(value: Any, expected: str) -> str:
+    if value is None:
+        return "is null"
+    return f"is a {type(value).__name__} ({str(value)[:40]!r}), expected {expected}"
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [repr(e)])[0]
