@@ -27,11 +27,12 @@ def test_async_grpo_learns_one_digit_additions_on_smollm2_colocated(tmp_path):
 
     Measured: the base model's held-out greedy reward on these 64 rows (MEASURED_EVAL_ROWS) is
     0.6875 (greedy on fixed rows: the same every run); on 64 rows held out of the training task
-    instead (the config's default), 0.75, and 0.797 after 8 steps in one run. Split runs scored 0.8125 after 4 async steps, 0.89 after 8
-    (twice) and 0.875 after 12; a colocated run 0.78 after 8 (with the other test worker busy,
-    its steps took 25-50 s, a split run's 20-30 s). The test trains 8 steps and asks for a gain
-    of 0.05, three more right answers of 64 and about half the smallest gain measured; the
-    format reward stays 0 this early, so the gain is right answers (reasoning-gym score).
+    instead (the config's default), 0.75, and 0.797 after 8 steps in one run. Split runs scored
+    0.8125 after 4 async steps, 0.89 after 8 (twice) and 0.875 after 12; a colocated run 0.78
+    after 8 (with the other test worker busy, its steps took 25-50 s, a split run's 20-30 s).
+    The test trains 8 steps and asks for a gain of 0.05, three more right answers of 64 and
+    about half the smallest gain measured; the format reward stays 0 this early, so the gain is
+    right answers (reasoning-gym score).
     """
     run_dir = tmp_path / "learn"
     overrides = ("placement=colocated", "steps=8", "trainer.optimizer.lr=2e-5", "eval.interval=8")
