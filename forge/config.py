@@ -14,8 +14,9 @@ Every bad input raises ConfigError, whose message is one line naming where the i
     configs/grpo.yaml: trainer.lr: Value 'fast' of type 'str' could not be converted to Float
 """
 
+import contextlib
 import difflib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +56,16 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
     for override in overrides:
         _merge(cfg, _parse_override(override), COMMAND_LINE, applied)
     return _instantiate(cfg, applied, default_source=COMMAND_LINE if path is None else str(path))
+
+
+@contextlib.contextmanager
+def config_error(key: str) -> Iterator[None]:
+    """A ValueError raised inside (bad data found when a run starts, a reward function that
+    cannot be imported) becomes a ConfigError naming `key`: one line, exit status 2."""
+    try:
+        yield
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

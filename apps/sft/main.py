@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
 
-from forge.config import ConfigError
+from forge.config import config_error
+from forge.data.datasets import PromptDataset
 from forge.data.episode import Episode
 from forge.data.sft import (
     LengthBucketBatcher,
@@ -27,8 +28,8 @@ from forge.data.sft import (
     sft_episode,
     tokenize_row,
 )
-from forge.data.tables import DatasetError
 from forge.loop import Run, RunConfig, TrainerDied
+from forge.loop.evaluation import EvalRows
 from forge.models import resolve_model
 from forge.observability import record_metric
 
@@ -69,13 +70,19 @@ class SFT(Run):
     async def start_services(self) -> list:
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
-        try:
-            examples = SFTExamples(self.data, cfg.target, self.tokenizer)
-        except DatasetError as e:
-            raise ConfigError(f"target.column: {e}") from None
+        examples = SFTExamples(self.data, cfg.target, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
         self.first_state = await self.state_dict()
         return []
+
+    def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
+        """Run's, and the target column checked in the training and the eval rows."""
+        data, held_out = super().open_data()
+        with config_error("target.column"):
+            self.cfg.target.check(data.name, data.columns)
+            if held_out is not None:
+                self.cfg.target.check(held_out.source, held_out.columns)
+        return data, held_out
 
     async def state_dict(self) -> dict:
         return {"batches": self.batches.state_dict()}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from forge.data.rewards import ANSWER_INSTRUCTION
-from forge.data.tables import DatasetError, load_table, malformed_rows
+from forge.data.tables import DatasetError, load_table, malformed_rows, require_columns
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,10 @@ class PromptDataset:
             or a fraction of the rows (a float in (0, 1)); 0 holds out none.
         columns: the names the rows' `columns` carry.
         skipped: source index -> why that malformed row is not among `indices`.
+
+    Attributes:
+        held_out: the held-out rows' source indices, in the seeded sample's order.
+        fingerprint: a digest of which rows train and which are held out (resume checks it).
     """
 
     def __init__(
@@ -199,6 +203,10 @@ class PromptDataset:
         if not self._indices:
             left = f" once {len(held)} are held out for eval" if held else ""
             raise DatasetError(f"{name}: no rows to train on{left}")
+        # Equal for the same source, size, seed and hold-out; different if a file gained or
+        # lost rows meanwhile.
+        digest = hashlib.sha256(f"{name}|{seed}|{self.held_out}|{self._indices}".encode())
+        self.fingerprint = digest.hexdigest()[:16]
         self._position = 0
         self._order = self._epoch_order(0)
 
@@ -236,18 +244,11 @@ class PromptDataset:
         """The first `n` held-out rows (all of them if fewer)."""
         return [self.row(i) for i in self.held_out[:n]]
 
-    def fingerprint(self) -> str:
-        """A digest of which rows train and which are held out: equal for the same source,
-        size, seed and hold-out, different if a file gained or lost rows meanwhile."""
-        digest = hashlib.sha256(f"{self.name}|{self.seed}|{self.held_out}|".encode())
-        digest.update(repr(self._indices).encode())
-        return digest.hexdigest()[:16]
-
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands: enough for `load_state_dict` to continue from here."""
         return {
             "name": self.name,
-            "rows": self.fingerprint(),
+            "rows": self.fingerprint,
             "epoch": self.epoch,
             "position": self._position,
         }
@@ -266,10 +267,10 @@ class PromptDataset:
 
     def check_same_rows(self, name: str, fingerprint: str) -> None:
         """Raises DatasetError unless `fingerprint` (of `name`) is this dataset's."""
-        if (name, fingerprint) != (self.name, self.fingerprint()):
+        if (name, fingerprint) != (self.name, self.fingerprint):
             raise DatasetError(
                 f"cannot resume: the run read other rows ({name}, rows {fingerprint}) than "
-                f"{self.name} holds now (rows {self.fingerprint()}): its file changed, or its "
+                f"{self.name} holds now (rows {self.fingerprint}): its file changed, or its "
                 "size, seed or held-out rows"
             )
 
@@ -341,11 +342,7 @@ class TableDataset(PromptDataset):
             config.source, config.path, config.split, columns, config.subset, config.cache_dir
         )
         for column, key in zip(columns, ("prompt_column", "answer_column"), strict=True):
-            if column not in self._data.column_names:
-                raise DatasetError(
-                    f"{where}: no column {column!r} (columns: "
-                    f"{', '.join(self._data.column_names)}); set data.{key}"
-                )
+            require_columns(where, self._data.column_names, column, f"data.{key}")
         rows = min(config.size or len(self._data), len(self._data))
         malformed = _malformed(self._data, config, where, rows)
         indices = [i for i in range(rows) if i not in malformed]

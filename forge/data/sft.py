@@ -15,7 +15,7 @@ kernel), so LengthBucketBatcher groups rows of similar length to keep padding sm
 
 import functools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,7 +23,7 @@ from forge.data.collate import sequences
 from forge.data.completion import Completion
 from forge.data.datasets import PromptDataset, Row
 from forge.data.episode import Episode
-from forge.data.tables import DatasetError
+from forge.data.tables import DatasetError, require_columns
 
 if TYPE_CHECKING:  # transformers takes seconds to import; only type hints need it here
     from transformers import PreTrainedTokenizerBase
@@ -51,6 +51,11 @@ class SFTTarget:
     def __post_init__(self) -> None:
         if self.column is None and "{answer}" not in self.template:
             raise ValueError(f"template {self.template!r} has no {{answer}}")
+
+    def check(self, source: str, columns: Sequence[str]) -> None:
+        """Raises DatasetError if `columns` (of `source`) lack the target column."""
+        if self.column is not None:
+            require_columns(source, columns, self.column, "target.column")
 
 
 @dataclass
@@ -161,11 +166,7 @@ class SFTExamples:
         self, dataset: PromptDataset, target: SFTTarget, tokenizer: "PreTrainedTokenizerBase"
     ) -> None:
         # Checked now, not when the first row is reached mid-training: every row has every column.
-        if target.column is not None and target.column not in dataset.columns:
-            raise DatasetError(
-                f"{dataset.name}: no column {target.column!r} (columns: "
-                f"{', '.join(dataset.columns)}); set target.column"
-            )
+        target.check(dataset.name, dataset.columns)
         self.dataset = dataset
         self.target = target
         self.tokenizer = tokenizer

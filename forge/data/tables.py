@@ -15,6 +15,7 @@ one, the row and the column:
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -140,6 +141,15 @@ def _json_problem(path: Path, columns: tuple[str, str]) -> str | None:
         if problem:
             return f"{path} row {index}: {problem}"
     return None
+
+
+def require_columns(where: str, columns: Sequence[str], column: str, key: str) -> None:
+    """Raises DatasetError unless `column` is among `columns` (of the source `where`); the
+    message names the columns there are and the config `key` that names the column."""
+    if column not in columns:
+        raise DatasetError(
+            f"{where}: no column {column!r} (columns: {', '.join(columns)}); set {key}"
+        )
 
 
 def malformed_rows(

@@ -193,7 +193,7 @@ class RLLoop(Run):
         replay buffer."""
         async with self.delivering:  # no group enters the buffer while it is read
             return {
-                "data": [self.data.name, self.data.fingerprint()],
+                "data": [self.data.name, self.data.fingerprint],
                 "groups": self.groups,
                 "redo": sorted(self.in_flight | set(self.redo)),
                 "buffer": await self.buffer.state_dict.call_one(),

@@ -14,18 +14,17 @@ checkpoint and the Hugging Face export; stopping every process.
 """
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from forge.actors.generator import Generator
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
-from forge.config import ConfigError
+from forge.config import config_error
 from forge.controller import SupervisionError, get_provisioner, init_provisioner, shutdown
 from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.episode import Episode
@@ -210,11 +209,11 @@ class Run:
                 be imported or reads a column the data lacks; one line naming it.
         """
         cfg = self.cfg
-        with _config_error("data"):
+        with config_error("data"):
             data = open_dataset(cfg.data, cfg.eval.hold_out())
-        with _config_error("eval"):
+        with config_error("eval"):
             held_out = eval_rows(cfg.eval, cfg.data, data) if cfg.eval.interval else None
-        with _config_error("reward.functions"):
+        with config_error("reward.functions"):
             functions = {name: resolve_reward(name) for name in cfg.reward.functions}
             check_columns(functions, data.name, data.columns)
             if held_out is not None:
@@ -464,13 +463,3 @@ def _placement(r: Resources) -> str:
     where = "GPUs" if r.with_gpus else cores if r.cpus_per_proc else "any core"
     replicas = f"{r.num_replicas} replicas x " if r.num_replicas > 1 else ""
     return f"{replicas}{r.procs} proc{'s' if r.procs > 1 else ''} ({where})"
-
-
-@contextlib.contextmanager
-def _config_error(key: str) -> Iterator[None]:
-    """A ValueError raised inside (a DatasetError, a reward that cannot be imported) becomes a
-    ConfigError naming `key`: the CLI prints it in one line and exits 2."""
-    try:
-        yield
-    except ValueError as e:
-        raise ConfigError(f"{key}: {e}") from None

@@ -15,10 +15,12 @@ FILE = "examples/own_data/additions.jsonl"
 MINE = "math_verify, my_rewards:right_length"  # the config's functions (its weights name them)
 
 
-def forge_run(run_dir: Path, *overrides: str) -> tuple[int, str]:
+def forge_run(
+    run_dir: Path, *overrides: str, app: str = "grpo", config: str = CONFIG
+) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'examples/own_data'}"}
     result = subprocess.run(
-        [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", CONFIG,
+        [sys.executable, "-m", "forge", "run", f"apps/{app}/main.py", "--config", config,
          f"run_dir={run_dir}", *overrides],
         cwd=REPO, capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
@@ -74,3 +76,17 @@ def test_bad_input_is_one_line_naming_it_before_anything_starts(tmp_path, case):
     assert code == 2
     assert last_line.startswith("forge: config error: ") and last_line.endswith(expected)
     assert not (tmp_path / "run" / "config.yaml").exists()  # the run folder was not opened
+
+
+def test_an_sft_target_column_the_data_lacks_is_one_line_before_anything_starts(tmp_path):
+    data = f"data={{source: local, path: {FILE}, prompt_column: question}}"
+    overrides = (data, "reward.functions=[math_verify]", "target.column=proof")
+    code, last_line = forge_run(
+        tmp_path / "run", *overrides, app="sft", config="configs/sft/tiny_cpu.yaml"
+    )
+    assert code == 2
+    assert last_line == (
+        f"forge: config error: target.column: local:{FILE}: no column 'proof' (columns: "
+        "question, answer, digits); set target.column"
+    )
+    assert not (tmp_path / "run" / "config.yaml").exists()
