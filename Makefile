@@ -22,7 +22,7 @@ EXTRAS := cpu,dev,metrics
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 
-.PHONY: install grpo grpo-lora grpo-own-data distill sft test lint demo bench lab clean
+.PHONY: install grpo grpo-lora grpo-own-data distill sft test lint demo bench bench-report lab clean
 
 install: $(STAMP)
 
@@ -75,8 +75,13 @@ demo: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
+# Each bench writes bench/results/<bench>.json; bench-report renders them into docs/benchmarks.md
+# (and the README's headline ratios). Standard library only: no install needed.
 bench: $(STAMP)
 	$(PY) bench/service_overhead.py
+
+bench-report:
+	$(PYTHON) bench/report.py
 
 clean:
 	rm -rf $(VENV)

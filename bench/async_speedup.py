@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from library_log import library_output_to_log
+from result import Result
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -98,6 +99,24 @@ async def main(args: argparse.Namespace) -> None:
         f"async / sync s/step (median): {median['async_s'] / median['sync_s']:.3f} (target <= 1); "
         f"possible gain {median['gain']:.2f} (target >= 0.8); async trainer idle "
         f"{median['idle']:.3f} (target < 0.05)"
+    )
+    (
+        Result("async_speedup")
+        .figure("sync, median", median["sync_s"], "s/step")
+        .figure("async, median", median["async_s"], "s/step")
+        .figure("sync: generation per batch (Tgen)", median["t_gen"], "s")
+        .figure("sync: training per step, weight sync included (Ttrain)", median["t_train"], "s")
+        .ratio(
+            "async / sync s/step",
+            median["async_s"] / median["sync_s"],
+            target="<= 1",
+            headline=True,
+        )
+        .ratio("ideal speedup (Tgen + Ttrain) / max(Tgen, Ttrain)", median["ideal"])
+        .ratio("speedup sync / async s/step", median["speedup"])
+        .ratio("share of the possible gain", median["gain"], target=">= 0.8")
+        .ratio("async trainer idle fraction", median["idle"], target="< 0.05")
+        .write()
     )
 
 

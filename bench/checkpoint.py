@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from library_log import library_output_to_log
+from result import Result
 
 from forge.actors.checkpointing import CheckpointConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
@@ -71,6 +72,13 @@ async def measure(saves: int, folder: Path) -> dict[str, float]:
     }
 
 
+LABELS = {
+    "blocking": "blocking save (dcp.save)",
+    "staging": "background save, the loop's pause (staging)",
+    "background": "background save, until latest moves",
+}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--saves", type=int, default=3)
@@ -90,6 +98,21 @@ async def main() -> None:
             f"{r[name] / r['step']:5.2f} x a training step"
         )
     say(f"the loop pays {r['staging'] / r['blocking']:.2f} x of a blocking save per checkpoint")
+    result = (
+        Result("checkpoint")
+        .figure("checkpoint size (SmolLM2-135M + Adam)", r["bytes"] / 1e9, "GB")
+        .figure("training step", r["step"], "s")
+        .figure("plain torch.save of the same bytes", r["plain"], "s")
+    )
+    for name, label in LABELS.items():
+        result.figure(label, r[name], "s")
+        result.ratio(f"{label} / plain torch.save", r[name] / r["plain"])
+        result.ratio(f"{label} / training step", r[name] / r["step"])
+    result.ratio(
+        "loop's pause per checkpoint, background / blocking save",
+        r["staging"] / r["blocking"],
+        headline=True,
+    ).write()
 
 
 if __name__ == "__main__":

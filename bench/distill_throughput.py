@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from library_log import library_output_to_log
+from result import Result
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -62,14 +63,20 @@ async def main(args: argparse.Namespace) -> None:
         [*common, *shared, f"generator.model={student}", f"trainer.model={student}"],
     )
     results = {"grpo": tokens_per_s(grpo)}
+    result = Result("distill_throughput")
     for backend in ("titan", "vllm"):
         steps = await run("distillation", args.config, [*common, f"teacher.backend={backend}"])
         results[f"distill ({backend} teacher)"] = tokens_per_s(steps)
         teacher = sum(s["teacher/tokens_per_s"] for s in steps[1:]) / (len(steps) - 1)
         say(f"  teacher {backend}: {teacher:.0f} tokens/s scored per call")
+        result.figure(f"teacher ({backend}) scored per call", teacher, "tokens/s")
     say(f"student model {student}, {args.steps} steps each, tokens trained per second:")
     for name, rate in results.items():
         say(f"  {name:26s} {rate:8.1f} tokens/s = {rate / results['grpo']:.3f} of GRPO's")
+        result.figure(f"{name}: trained", rate, "tokens/s")
+        if name != "grpo":
+            result.ratio(f"{name} / GRPO tokens trained per second", rate / results["grpo"])
+    result.write()
 
 
 def _plain(value: object) -> object:

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 from library_log import library_output_to_log
+from result import Result
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
@@ -136,6 +137,7 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     if args.lora:
         await lora_cost(cfg, texts)
         return
+    result = Result("generator")
     raw = await raw_vllm(cfg, texts)
     say(f"raw vLLM:            {raw:8.1f} tokens/s")
 
@@ -144,6 +146,8 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     ours, _ = await through_service(service, texts)
     say(f"Generator (service): {ours:8.1f} tokens/s")
     say(f"Generator / raw vLLM tokens/s: {ours / raw:.3f}  (target >= 0.9)")
+    result.figure("raw vLLM", raw, "tokens/s").figure("Generator (service)", ours, "tokens/s")
+    result.ratio("Generator / raw vLLM tokens/s", ours / raw, target=">= 0.9", headline=True)
 
     transport = SharedMemoryTransport(cfg.transport.path)
     weights = load_file(resolve_model(cfg.model) / "model.safetensors")
@@ -159,7 +163,14 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
             f"(verify {r['verify_s']:.3f}s); stall {stall:.3f}s; run {r['tokens_per_s']:.1f} "
             f"tokens/s, {r['split_sequences']} sequences span two versions"
         )
+        result.figure(f"{mode} update: one decode step", r["step_s"], "s")
+        result.figure(f"{mode} update: fetch while generating", r["fetch_s"], "s")
+        result.figure(f"{mode} update: pause", r["pause_s"], "s")
+        result.ratio(f"{mode} update: pause / one decode step", r["pause_s"] / r["step_s"])
+        result.figure(f"{mode} update: swap (engine stopped)", r["swap_s"], "s")
+        result.figure(f"{mode} update: stall (pause + swap)", stall, "s")
         await transport.delete(version)
+    result.write()
 
 
 async def lora_cost(cfg: GeneratorConfig, texts: list[str]) -> None:
@@ -174,6 +185,10 @@ async def lora_cost(cfg: GeneratorConfig, texts: list[str]) -> None:
         say(f"Generator {name:12s}: {rates[name]:8.1f} tokens/s")
     ratio = rates["with LoRA"] / rates["without LoRA"]
     say(f"with / without a rank-16 adapter on every decoder linear layer: {ratio:.3f}")
+    result = Result("generator-lora")
+    for name, rate in rates.items():
+        result.figure(f"Generator {name}", rate, "tokens/s")
+    result.ratio("with / without a rank-16 LoRA adapter, tokens/s", ratio).write()
 
 
 if __name__ == "__main__":

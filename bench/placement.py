@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from async_speedup import seconds_per_step
 from library_log import library_output_to_log
+from result import Result
 from trainer_memory import matmul_flops
 
 from forge.cli import load_app
@@ -71,7 +72,7 @@ def parameters(config: str) -> int:
     return total
 
 
-async def size(config: str, batch: int, overrides: list[str], params: int) -> None:
+async def size(config: str, batch: int, overrides: list[str], params: int, result: Result) -> None:
     extra = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *overrides]
     dtype = load_config(load_app(APP)[1], config, overrides).trainer.dtype
     results = {}
@@ -91,15 +92,29 @@ async def size(config: str, batch: int, overrides: list[str], params: int) -> No
         say(
             f"{name:<16}{label:<12}{measured:>9.1f}s{predicted:>10.1f}s{measured / predicted:>8.2f}"
         )
+        row = f"{batch} sequences, {name} ({label})"
+        result.figure(f"{row}: measured", measured, "s/step")
+        result.figure(f"{row}: predicted", predicted, "s/step")
+        result.ratio(f"{row}: measured / predicted", measured / predicted)
     fastest = min(r["measured_s_per_step"] for n, r in results.items() if n != "auto")
     auto = results["auto"]["measured_s_per_step"]
     say(f"auto / fastest other: {auto / fastest:.3f} (target <= 1.05)")
+    result.ratio(
+        f"{batch} sequences: auto / fastest other placement", auto / fastest, target="<= 1.05"
+    )
     steps = results["colocated-sync"]["metrics"][1:]
     flops = statistics.median(6 * params * s["train/tokens_per_s"] for s in steps)
     say(
         f"colocated trainer: {flops / 1e9:.1f} GFLOP/s = {flops / matmul:.2f} of a "
         f"{torch.get_num_threads()}-thread {dtype} matmul ({matmul / 1e9:.0f} GFLOP/s; target "
         ">= 0.8)\n",
+    )
+    result.figure(f"{batch} sequences: colocated trainer", flops / 1e9, "GFLOP/s")
+    result.figure(f"{batch} sequences: {dtype} matmul, same cores", matmul / 1e9, "GFLOP/s")
+    result.ratio(
+        f"{batch} sequences: colocated trainer FLOP rate / matmul rate",
+        flops / matmul,
+        target=">= 0.8",
     )
 
 
@@ -110,8 +125,10 @@ async def main(args: argparse.Namespace) -> None:
     # figure is far enough off them that a run would drop them from the cache.
     calibration.forget = lambda key: None
     params = parameters(args.config)
+    result = Result("placement")
     for batch in args.sizes:
-        await size(args.config, batch, args.overrides, params)
+        await size(args.config, batch, args.overrides, params, result)
+    result.write()
 
 
 if __name__ == "__main__":

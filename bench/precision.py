@@ -19,6 +19,7 @@ from pathlib import Path
 
 from library_log import library_output_to_log
 from placement import PLACEMENTS, run
+from result import Result
 
 from forge.loop import calibration
 from forge.observability.console import say
@@ -27,7 +28,13 @@ DTYPES = {
     "float32": ["trainer.dtype=float32", "generator.dtype=float32"],
     "bfloat16": ["trainer.dtype=bfloat16", "generator.dtype=bfloat16"],
 }
-FIGURES = ("s/step", "train tok/s", "gen tok/s", "mismatch KL")
+UNITS = {
+    "s/step": "s/step",
+    "train tok/s": "tokens/s",
+    "gen tok/s": "tokens/s",
+    "mismatch KL": "nats",
+}
+FIGURES = tuple(UNITS)
 
 
 def figures(result: dict) -> dict[str, float]:
@@ -65,6 +72,13 @@ async def main(args: argparse.Namespace) -> None:
         for f in FIGURES
     }
     say(f"{'bf16 / fp32':<12}" + "".join(f"{ratios[f]:>14.3g}" for f in FIGURES))
+    result = Result("precision")
+    for name, runs in rows.items():
+        for f, unit in UNITS.items():
+            result.figure(f"{name}: {f}, median", statistics.median(r[f] for r in runs), unit)
+    for f in FIGURES:
+        result.ratio(f"bfloat16 / float32 {f}", ratios[f], headline=f == "s/step")
+    result.write()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import time
 
 from library_log import library_output_to_log
 from monarch.actor import endpoint
+from result import Result
 
 from forge.controller import ForgeActor, shutdown
 from forge.observability.console import say
@@ -69,6 +70,16 @@ async def main(calls: int) -> None:
     say(
         f"1,000 concurrent calls over 4 replicas: service {svc_tput:,.0f} calls/s, "
         f"raw round-robin {raw_tput:,.0f} calls/s, ratio {svc_tput / raw_tput:.3f}"
+    )
+    (
+        Result("service_overhead")
+        .figure("p50 latency, raw actor", raw_ms, "ms")
+        .figure("p50 latency, service", svc_ms, "ms")
+        .ratio("service / raw actor p50 latency", svc_ms / raw_ms, target="<= 1.2", headline=True)
+        .figure("throughput over 4 replicas, service", svc_tput, "calls/s")
+        .figure("throughput over 4 replicas, raw round-robin", raw_tput, "calls/s")
+        .ratio("service / raw round-robin throughput", svc_tput / raw_tput)
+        .write()
     )
 
 

@@ -29,6 +29,7 @@ import torch
 from async_speedup import seconds_per_step
 from library_log import library_output_to_log
 from placement import APP, run
+from result import Result
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -185,7 +186,7 @@ async def repeat(config: str, overrides: list[str], steps: int, forge_first: boo
     (forge, forge_once), (one, one_once) = runs["forge"], runs["one process"]
     even = (forge_once - one_once) / (one - forge) if forge < one else math.inf
     say(f"  forge / one process: {forge / one:.3f} s/step; forge ahead {after(even)}")
-    return {"ratio": forge / one, "even": even}
+    return {"ratio": forge / one, "even": even, "forge": forge, "one process": one}
 
 
 def after(steps: float) -> str:
@@ -193,6 +194,7 @@ def after(steps: float) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    result = Result("single_process")
     for batch in args.sizes:
         overrides = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *args.overrides]
         runs = [
@@ -206,6 +208,21 @@ async def main(args: argparse.Namespace) -> None:
             f" target <= 1); forge ahead {after(statistics.median(r['even'] for r in runs))}, its "
             "start-up included\n"
         )
+        even = statistics.median(r["even"] for r in runs)
+        for name in ("one process", "forge"):
+            per = statistics.median(r[name] for r in runs)
+            result.figure(f"{batch} sequences: {name}, median", per, "s/step")
+        result.ratio(
+            f"{batch} sequences: forge / one process s/step, median",
+            statistics.median(ratios),
+            target="<= 1",
+            headline=batch == args.sizes[-1],
+        )
+        result.ratio(f"{batch} sequences: forge / one process s/step, min", min(ratios))
+        result.ratio(f"{batch} sequences: forge / one process s/step, max", max(ratios))
+        if not math.isinf(even):
+            result.figure(f"{batch} sequences: forge ahead after", max(even, 0), "steps")
+    result.write()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 from library_log import library_output_to_log
+from result import Result
 from trainer_memory import matmul_flops
 
 from forge.models import smollm2
@@ -92,6 +93,7 @@ def main() -> None:
         f"SmolLM2-135M ({params / 1e6:.1f}M parameters), {torch.get_num_threads()} threads, "
         f"micro-batch {SEQUENCES} x ({PROMPT} + {SAMPLED}) tokens"
     )
+    result = Result("trainer_flops")
     for name, fn, count in [
         ("products", product_run, tokens),
         ("forward + backward", forward_backward, tokens),
@@ -105,11 +107,19 @@ def main() -> None:
             if fn is product_run
             else ""
         )
+        fraction = 6 * params * count / seconds / matmul
         say(
             f"{name:>18}: {seconds:.3f} s, 6 x parameters x tokens / time = "
-            f"{6 * params * count / seconds / matmul:.2f} of the matmul "
-            f"({matmul / 1e9:.0f} GFLOP/s){own}"
+            f"{fraction:.2f} of the matmul ({matmul / 1e9:.0f} GFLOP/s){own}"
         )
+        result.figure(f"{name}: time", seconds, "s")
+        result.figure(f"{name}: matmul measured before it", matmul / 1e9, "GFLOP/s")
+        result.ratio(f"{name}: 6 x parameters x tokens / time / matmul rate", fraction)
+        if fn is product_run:
+            result.ratio(
+                "products: their own FLOPs / time / matmul rate", product_flops / seconds / matmul
+            )
+    result.write()
 
 
 if __name__ == "__main__":

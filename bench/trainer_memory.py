@@ -18,6 +18,7 @@ import time
 
 import torch
 from library_log import library_output_to_log
+from result import Result
 
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
@@ -74,7 +75,7 @@ async def measure(micro_batch: int, chunk: int, sizes: list[int]) -> list[dict[s
     return rows
 
 
-def report(name: str, rows: list[dict[str, float]], params: int) -> None:
+def report(name: str, rows: list[dict[str, float]], params: int, result: Result) -> None:
     base = rows[0]["peak"]
     for r in rows:
         rate = 6 * params * r["tokens"] / r["seconds"]
@@ -84,6 +85,11 @@ def report(name: str, rows: list[dict[str, float]], params: int) -> None:
             f"{r['tokens'] / r['seconds']:6.0f} tokens/s = {rate / r['flops']:4.2f} x the matmul "
             f"rate ({r['flops'] / 1e9:.0f} GFLOP/s, measured before the step)"
         )
+        row = f"{name}, {r['size']} sequences"
+        result.figure(f"{row}: trainer peak RSS", r["peak"], "GB")
+        result.ratio(f"{row}: peak RSS / {rows[0]['size']} sequences'", r["peak"] / base)
+        result.figure(f"{row}: trained", r["tokens"] / r["seconds"], "tokens/s")
+        result.ratio(f"{row}: FLOP rate / matmul rate", rate / r["flops"])
 
 
 async def main() -> None:
@@ -102,9 +108,11 @@ async def main() -> None:
         )
     finally:
         await shutdown()
-    report(f"micro-batch {args.micro_batch}", micro, params)
+    result = Result("trainer_memory")
+    report(f"micro-batch {args.micro_batch}", micro, params, result)
     if whole:
-        report("whole batch", whole, params)
+        report("whole batch", whole, params, result)
+    result.write()
 
 
 if __name__ == "__main__":

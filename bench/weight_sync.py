@@ -35,6 +35,7 @@ import torch
 from library_log import library_output_to_log
 from monarch.actor import Actor, endpoint, this_host
 from monarch.rdma import RDMABuffer, RDMATcpFallbackWarning
+from result import Result
 from trainer_memory import batch as grpo_batch
 
 from forge.actors.generator import Generator, GeneratorConfig
@@ -156,7 +157,7 @@ async def measure(
     return {**medians, "peak_rss_gb": max(peaks)} if peaks else medians
 
 
-async def compare_lora(versions: int, bound: float) -> None:
+async def compare_lora(versions: int, bound: float, result: Result) -> None:
     """Full weights against a LoRA adapter over shared memory, from this one run."""
     results = {}
     adapter = LoRAConfig(rank=16, alpha=32.0)
@@ -177,6 +178,9 @@ async def compare_lora(versions: int, bound: float) -> None:
             f"({total / bound:.1f}x the full copy bound)  "
             f"trainer peak RSS {r['peak_rss_gb']:.2f} GB"
         )
+        result.figure(f"{name}: a version", r["bytes"] / 1e6, "MB")
+        result.figure(f"{name}: publish + fetch + swap", total, "s")
+        result.figure(f"{name}: trainer peak RSS", r["peak_rss_gb"], "GB")
     full = results.pop("full")
     for name, r in results.items():
         seconds = [x["publish"] + x["fetch"] + x["swap"] for x in (full, r)]
@@ -185,6 +189,9 @@ async def compare_lora(versions: int, bound: float) -> None:
             f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
             f"{r['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
         )
+        result.ratio(f"{name} / full: bytes", r["bytes"] / full["bytes"])
+        result.ratio(f"{name} / full: publish + fetch + swap", seconds[1] / seconds[0])
+        result.ratio(f"{name} / full: trainer peak RSS", r["peak_rss_gb"] / full["peak_rss_gb"])
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -193,14 +200,19 @@ async def main(args: argparse.Namespace) -> None:
     bound = nbytes / bandwidth
     say(f"bytes per version (SmolLM2-135M, fp32): {nbytes / 1e6:.1f} MB")
     say(f"raw copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> bytes / bandwidth = {bound:.3f} s")
+    result = Result("weight_sync-lora" if args.lora else "weight_sync")
+    result.figure("bytes per version (SmolLM2-135M, fp32)", nbytes / 1e6, "MB")
+    result.figure("raw copy bandwidth", bandwidth / 1e9, "GB/s")
     if args.lora:
-        await compare_lora(args.versions, bound)
+        await compare_lora(args.versions, bound, result)
+        result.write()
         return
     raw = None
     if {"rdma", "torchstore"} & set(args.transports):
         raw = await raw_rdma_rate(nbytes)
         backend = monarch.rdma.get_rdma_backend()
         say(f"raw Monarch RDMA read ({backend}), process to process: {raw / 1e9:.3f} GB/s")
+        result.figure(f"raw Monarch RDMA read ({backend})", raw / 1e9, "GB/s")
     results = {}
     for kind in args.transports:
         shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
@@ -224,12 +236,24 @@ async def main(args: argparse.Namespace) -> None:
             f"(publish + fetch {moved:.3f}s = {moved / bound:.1f}x; swap alone "
             f"{r['swap'] / bound:.1f}x)"
         )
+        for phase in ("publish", "fetch", "swap"):
+            result.figure(f"{kind}: {phase}", r[phase], "s")
+        result.figure(f"{kind}: publish + fetch + swap", total, "s")
+        result.ratio(f"{kind}: publish + fetch + swap / (bytes / copy bandwidth)", total / bound)
+        result.ratio(
+            f"{kind}: publish + fetch / (bytes / copy bandwidth)",
+            moved / bound,
+            headline=kind == "shm",
+        )
+        result.ratio(f"{kind}: swap / (bytes / copy bandwidth)", r["swap"] / bound)
         if kind != "shm" and raw is not None:
             rate = nbytes / moved
             say(
                 f"{'':10s} moves {rate / 1e9:.3f} GB/s (publish + fetch) = {rate / raw:.2f} x "
                 f"the raw Monarch RDMA read of the same bytes ({raw / 1e9:.3f} GB/s)"
             )
+            result.ratio(f"{kind}: publish + fetch rate / raw Monarch RDMA read", rate / raw)
+    result.write()
 
 
 if __name__ == "__main__":

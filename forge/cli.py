@@ -113,8 +113,8 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     from forge.loop.plan import plan_run
 
     schema, cfg = _load_run_config(args, overrides, "submit")
-    if args.nodes is not None and args.nodes != _nodes(cfg.provisioner):
-        if cfg.provisioner.launcher != "slurm":
+    if args.nodes is not None and args.nodes != cfg.provisioner.nodes:
+        if not cfg.provisioner.on_slurm:
             raise ConfigError(
                 f"--nodes {args.nodes}: provisioner.launcher={cfg.provisioner.launcher} runs on "
                 "one node; set provisioner.launcher=slurm to spread a run over several"
@@ -132,7 +132,7 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     command += [*(["--config", str(args.config)] if args.config else []), *overrides]
     try:
         script = batch_script(
-            command, slurm, nodes=_nodes(cfg.provisioner), log=log, workdir=Path.cwd()
+            command, slurm, nodes=cfg.provisioner.nodes, log=log, workdir=Path.cwd()
         )
         if args.dry_run:
             print(f"{script}\n{plan.table()}")
@@ -159,11 +159,6 @@ def _load_run_config(
     if not issubclass(schema, RunConfig):
         _fail(f"error: {args.app}: forge {command} needs an app whose config is a RunConfig")
     return schema, load_config(schema, args.config, overrides)
-
-
-def _nodes(provisioner: Any) -> int:
-    """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
-    return provisioner.hosts if provisioner.launcher == "slurm" else 1
 
 
 def _add_plan(commands: Any) -> None:

@@ -21,6 +21,7 @@ SLOWEST_FIRST = (
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
     "e2e/test_given_back.py",  # ~140 s
     "integration/test_generator_service.py",  # ~130 s
+    "e2e/test_roles.py",  # ~60 s: SFT with eval off starts its trainer alone
 )
 
 

@@ -1,17 +1,18 @@
-"""Running an app end to end through `python -m forge run`, and reading its run folder."""
+"""Running an app end to end through `python -m forge run`, and reading its run folder; and
+`wait_until`, which any test uses to wait on a condition rather than on a fixed sleep."""
 
+import asyncio
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
-
-from forge.actors.checkpointing import latest_step
 
 ROOT = Path(__file__).parents[1]
 
@@ -23,6 +24,34 @@ MEASURED_EVAL_ROWS = (
     "max_digits: 1, operators: ['+'], allow_parentheses: false, allow_negation: false}, "
     "seed: 1000003}"
 )
+
+
+async def wait_until(
+    condition: Callable[[], object | Awaitable[object]],
+    what: str = "",
+    timeout: float = 60.0,
+    poll: float = 0.01,
+) -> None:
+    """Polls `condition()` (awaited when it returns an awaitable) until it is true; fails
+    naming `what` if it is not within `timeout` seconds.
+
+    Tests wait on the event they need this way, never on a fixed sleep: a slow machine only
+    makes the wait longer, and the test cannot go on before the event has happened.
+    """
+    scope = asyncio.timeout(timeout)
+    try:
+        async with scope:
+            while True:
+                holds = condition()
+                if inspect.isawaitable(holds):
+                    holds = await holds
+                if holds:
+                    return
+                await asyncio.sleep(poll)
+    except TimeoutError:
+        if scope.expired():
+            raise AssertionError(f"not within {timeout}s: {what or condition}") from None
+        raise
 
 
 def forge_run(app: str, config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -171,6 +200,8 @@ def complete_groups(run_dir: Path, group_size: int, steps: list[dict]) -> None:
 def kill_groups_after_a_checkpoint(procs: dict[Path, subprocess.Popen]) -> None:
     """SIGKILLs each driver's whole process group as soon as its run has written a checkpoint
     and logged a later step; waits until every process of those runs is gone."""
+    from forge.actors.checkpointing import latest_step  # torch: only the tests that run apps
+
     deadline = time.monotonic() + 600
     waiting = dict(procs)
     while waiting:

@@ -56,11 +56,19 @@ class Config(RLConfig):
             raise ValueError(f"teacher_top_k must be >= 0, got {self.teacher_top_k}")
         if self.teacher.backend == "vllm" and self.teacher_top_k > MAX_TOP_K:
             raise ValueError(f"teacher_top_k must be <= {MAX_TOP_K} on the vllm backend")
-        if self.teacher_top_k and self.trainer.loss.is_correction != "none":
+        if self.teacher_top_k and self.trainer.loss.corrects:
             raise ValueError(TOP_K_IS_CORRECTION)
 
     def roles(self) -> list[Role]:
-        return [*super().roles(), Role("teacher", self.teacher_resources, "teacher_resources")]
+        teacher = Role(
+            "teacher",
+            ReferenceModel,
+            (self.teacher,),
+            self.teacher_resources,
+            "teacher_resources",
+            service=True,
+        )
+        return [*super().roles(), teacher]
 
 
 class Distill(RLLoop):
@@ -74,12 +82,10 @@ class Distill(RLLoop):
             cfg.generator.model = cfg.trainer.model = str(cfg.student.path())
         super().__init__(cfg)
 
-    async def start_services(self) -> list:
-        await super().start_services()
-        r = self.cfg.teacher_resources
-        self.teacher = await ReferenceModel.options(**vars(r)).as_service(self.cfg.teacher)
+    async def attach(self, actors: dict) -> None:
+        await super().attach(actors)
+        self.teacher = actors["teacher"]
         self.teacher_busy = BusyClock()
-        return [self.teacher]
 
     async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
         pairs = [(c.prompt_ids, c.token_ids) for c in completions]

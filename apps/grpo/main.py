@@ -13,7 +13,7 @@ import torch
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.data import Completion, Episode
-from forge.loop import Resources, RLConfig, RLLoop, Role
+from forge.loop import RLConfig, RLLoop, Role
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
 
@@ -28,9 +28,13 @@ class Config(RLConfig):
         if self.trainer.loss.kl_coef > 0 and self.reference is None:
             raise ValueError("trainer.loss.kl_coef > 0 needs a reference model config")
 
+    def scores(self) -> bool:
+        return True  # every rollout
+
     def roles(self) -> list[Role]:
-        reference = [Role("reference", Resources())] if self.reference is not None else []
-        return [*super().roles(), *reference]
+        if self.reference is None:
+            return super().roles()
+        return [*super().roles(), Role("reference", ReferenceModel, (self.reference,))]
 
 
 class GRPO(RLLoop):
@@ -39,12 +43,9 @@ class GRPO(RLLoop):
     cfg: Config
     plot_keys = ("rollout/reward", "eval/reward", "train/mismatch_kl", "generator/tokens_per_s")
 
-    async def start_services(self) -> list:
-        await super().start_services()
-        self.reference = None
-        if self.cfg.reference is not None:
-            self.reference = await ReferenceModel.as_actor(self.cfg.reference)
-        return []
+    async def attach(self, actors: dict) -> None:
+        await super().attach(actors)
+        self.reference = actors.get("reference")
 
     async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
         scores = await self.reward.evaluate.route(

@@ -67,13 +67,13 @@ class SFT(Run):
     cfg: Config
     plot_keys = ("train/loss", "eval/loss", "eval/reward", "train/padding_fraction")
 
-    async def start_services(self) -> list:
+    async def attach(self, actors: dict) -> None:
+        """The tokenizer and the batches (the trainer, generators and reward are Run's)."""
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
         examples = SFTExamples(self.data, cfg.target, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
         self.first_state = await self.state_dict()
-        return []
 
     def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
         """Run's, and the target column checked in the training and the eval rows."""
@@ -133,7 +133,7 @@ class SFT(Run):
         for i in range(0, len(self.held_out_answers), size):
             chunk = self.held_out_answers[i : i + size]
             n = sum(len(e.completion.token_ids) for e in chunk)
-            loss = await self.call_trainer("eval_loss", _split(chunk, self.world))
+            loss = await self.trainer.eval_loss(_split(chunk, self.world))
             total, tokens = total + loss * n, tokens + n
         loss = total / tokens
         record_metric("eval/loss", loss)

@@ -4,9 +4,9 @@ PyTorch's CPU kernels run on OpenMP (libgomp in the pip wheels), which gives eve
 starts a parallel region a worker pool of its own. Once a process's pools hold more threads
 than it has cores, libgomp's idle workers stop spinning after ~1000 iterations instead of
 ~300k, and every parallel region pays for waking them up. An actor that computes from
-whichever thread `asyncio.to_thread` hands it soon has two pools: measured on 2 cores with
-SmolLM2 training steps, 0.86 of both cores busy and ~10% slower steps, against 0.98 with one
-compute thread. GOMP_SPINCOUNT does not lift the throttle.
+whichever thread `asyncio.to_thread` hands it soon has two pools, and its cores then idle in
+every parallel region while the sleeping workers wake; with one compute thread they stay busy.
+GOMP_SPINCOUNT does not lift the throttle.
 """
 
 import asyncio

@@ -80,6 +80,16 @@ class ProvisionerConfig:
         if self.launcher == "local" and self.hosts != 1:
             raise ValueError(f"launcher 'local' has exactly one host, got hosts={self.hosts}")
 
+    @property
+    def on_slurm(self) -> bool:
+        """Whether the run's hosts are SLURM nodes (the slurm launcher)."""
+        return self.launcher == "slurm"
+
+    @property
+    def nodes(self) -> int:
+        """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
+        return self.hosts if self.on_slurm else 1
+
 
 @dataclass
 class ProcessConfig:
@@ -153,6 +163,8 @@ class Provisioner:
         self._owned: list[Stoppable] = []
         self._actors: dict[int, ProcMesh] = {}
         self._lock = asyncio.Lock()
+        self.placed = 0  # proc meshes placed so far, in the order they asked
+        self._placed_more = asyncio.Condition()
         monarch.actor.unhandled_fault_hook = _log_fault
 
     def _start_hosts(self) -> None:
@@ -242,6 +254,9 @@ class Provisioner:
                 gpus_per_proc=pc.gpus_per_proc if pc.with_gpus else 0,
                 cpus_per_proc=pc.cpus_per_proc,
             )
+            self.placed += 1
+            async with self._placed_more:
+                self._placed_more.notify_all()
         try:
             hosts = self._hosts_slice(placement)
             if self.cfg.launcher != "local":
@@ -263,6 +278,11 @@ class Provisioner:
             raise
         self._meshes[id(mesh)] = (mesh, placement, pc.mesh_name or "unnamed", devices)
         return mesh
+
+    async def wait_placed(self, count: int) -> None:
+        """Returns once `count` proc meshes have been placed (`placed`), started or not."""
+        async with self._placed_more:
+            await self._placed_more.wait_for(lambda: self.placed >= count)
 
     def _hosts_slice(self, placement: Placement) -> HostMesh:
         if self.cfg.launcher == "local":

@@ -3,8 +3,9 @@
 from forge.loop.config import EvalConfig, Resources, RLConfig, Role, RunConfig
 from forge.loop.evaluation import Evaluator
 from forge.loop.rl import RLLoop
-from forge.loop.run import Run, TrainerDied
+from forge.loop.run import Run
 from forge.loop.run_folder import RunFinished, RunFolderError
+from forge.loop.trainer_handle import TrainerDied, TrainerHandle
 
 __all__ = [
     "EvalConfig",
@@ -18,4 +19,5 @@ __all__ = [
     "RunFinished",
     "RunFolderError",
     "TrainerDied",
+    "TrainerHandle",
 ]

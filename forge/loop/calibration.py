@@ -6,8 +6,9 @@ may use (`core_counts`): the generator is moved onto c cores and makes one batch
 (the run's prompts and sampling, seeds of their own; thrown away after), and the trainer,
 moved onto c cores, times a few micro-batches of that batch forward and backward
 (`TitanTrainer.calibrate`, scaled to the whole batch). The weight sync is the fastest of a few
-real ones, to a scratch version of the same weights and back. About a minute on 2 cores at 16
-sequences a step; nothing when cached.
+real ones, to a scratch version of the same weights and back. It costs a batch of rollouts
+and a few training micro-batches per core count, so it runs once per machine and workload and
+is cached.
 """
 
 import asyncio
@@ -126,10 +127,10 @@ async def measure(run: "RLLoop", cpus: list[int]) -> PhaseCosts:
     train, stale = {}, {}
     batches = [episodes[r :: run.world] for r in range(run.world)]
     for c in reversed(counts):
-        await run.call_trainer("use_cores", cpus[:c])
-        costs = await run.call_trainer("calibrate", batches)
+        await run.trainer.use_cores(cpus[:c])
+        costs = await run.trainer.calibrate(batches)
         train[c], stale[c] = costs["train_s"], costs["stale_s"]
-    await run.call_trainer("use_cores", cpus)
+    await run.trainer.use_cores(cpus)
     return PhaseCosts(generate, train, stale, await _sync_s(run))
 
 
@@ -140,7 +141,7 @@ async def _sync_s(run: "RLLoop") -> float:
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        await run.call_trainer("push_weights", run.version + 1)
+        await run.trainer.push_weights(run.version + 1)
         await run.generator.update_weights.fanout(run.version + 1)
         times.append(time.perf_counter() - start)
         start = time.perf_counter()

@@ -1,16 +1,26 @@
 """The config fields every app shares: where the run lives, its actors, their placement, eval."""
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from forge.actors.generator import GeneratorConfig
-from forge.actors.replay_buffer import ReplayBufferConfig
-from forge.actors.reward import RewardConfig
-from forge.actors.trainer import TrainerConfig
+from forge.actors.dataset import DatasetActor
+from forge.actors.generator import Generator, GeneratorConfig
+from forge.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
+from forge.actors.reward import RewardActor, RewardConfig
+from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.models.lora import served
 from forge.observability import MetricsConfig
+
+# How an RL run interleaves rollouts and training (RLConfig.mode).
+Mode = Literal["async", "sync"]
+
+
+def overlaps(mode: Mode, max_policy_age: int) -> bool:
+    """Whether a batch may be generated while the one before trains: async, with batches
+    allowed to be a version old."""
+    return mode == "async" and max_policy_age >= 1
 
 
 @dataclass
@@ -27,19 +37,28 @@ class Resources:
 
 @dataclass(frozen=True)
 class Role:
-    """Processes a run spawns for one purpose, for the placement plan: one proc mesh, or one
-    per replica of a service.
+    """One purpose a run starts processes for: what runs there and on which resources. A run's
+    roles (`RunConfig.roles()`) are what the placement plan places and what `Run.start`
+    spawns, in that order.
 
     Args:
-        name: what it runs ("generator", "trainer", ...).
+        name: what it runs ("generator", "trainer", ...): the key of its handle.
+        actor: the ForgeActor class its processes run.
+        args: the arguments the actor is built with (its config).
         resources: its processes and devices.
         key: the config key that sets `resources`; None where the app fixes them.
+        service: a Service of `resources.num_replicas` replicas (routed, respawned), else one
+            actor mesh.
+        group: a device group it shares with other roles (colocation; set by the plan).
     """
 
     name: str
-    resources: Resources
+    actor: type
+    args: tuple[Any, ...]
+    resources: Resources = field(default_factory=Resources)
     key: str | None = None
-    group: str | None = None  # a device group it shares with other roles (colocation)
+    service: bool = False
+    group: str | None = None
 
 
 @dataclass
@@ -158,16 +177,27 @@ class RunConfig:
             )
 
     def roles(self) -> list[Role]:
-        """The proc meshes the run spawns, in the order the Provisioner places them (the
-        placement plan's order; tests/unit/test_plan.py holds it to Run.start's). An app that
-        spawns more (its `start_services`) adds them after these."""
-        # Run.start spawns these three concurrently: the trainer reaches the Provisioner
-        # first, because a service's replicas start in tasks of their own.
-        return [
-            Role("trainer", self.trainer_resources, "trainer_resources"),
-            Role("generator", self.generator_resources, "generator_resources"),
-            Role("reward", Resources()),
-        ]
+        """The run's roles, in placement order: the trainer; the generators and the reward
+        service where the run generates and scores (`generates`, `scores`). Apps add theirs
+        after these."""
+        t = self.trainer_resources
+        roles = [Role("trainer", TitanTrainer, (self.trainer,), t, "trainer_resources")]
+        if self.generates():
+            g = self.generator_resources
+            roles.append(
+                Role("generator", Generator, (self.generator,), g, "generator_resources", True)
+            )
+        if self.scores():
+            roles.append(Role("reward", RewardActor, (self.reward,), service=True))
+        return roles
+
+    def generates(self) -> bool:
+        """Whether the run needs generators: here, for the held-out eval only."""
+        return self.eval.interval > 0
+
+    def scores(self) -> bool:
+        """Whether the run needs the reward service: here, for the held-out eval only."""
+        return self.eval.interval > 0
 
 
 @dataclass
@@ -180,9 +210,14 @@ class RLConfig(RunConfig):
         group_size: samples per prompt.
     """
 
-    mode: Literal["async", "sync"] = "async"
+    mode: Mode = "async"
     group_size: int = 8
     buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether rollouts go on while the trainer trains."""
+        return self.mode == "async"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -193,4 +228,11 @@ class RLConfig(RunConfig):
             )
 
     def roles(self) -> list[Role]:
-        return [*super().roles(), Role("buffer", Resources()), Role("dataset", Resources())]
+        return [
+            *super().roles(),
+            Role("buffer", ReplayBuffer, (self.buffer,)),
+            Role("dataset", DatasetActor, (self.data, self.eval.hold_out())),
+        ]
+
+    def generates(self) -> bool:
+        return True  # its training data

@@ -136,7 +136,9 @@ class Evaluator:
 
     async def _answer(self, row: dict) -> list:
         async with self.turns.generating():
-            return await self.generator.generate.route(row["prompt"], n=1, sampling=self.sampling)
+            return await self.generator.generate.route(
+                row["prompt"], n=1, sampling=self.sampling, purpose="eval"
+            )
 
     def _record(self, result: dict[str, Any]) -> None:
         self.results.append(result)

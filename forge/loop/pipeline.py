@@ -17,6 +17,8 @@ weight sync. Plain code, unit-tested on made-up costs.
 from dataclasses import dataclass
 from typing import Literal
 
+from forge.loop.config import Mode, overlaps
+
 
 @dataclass(frozen=True)
 class PhaseCosts:
@@ -46,18 +48,22 @@ class Prediction:
     policy_age: float  # mean versions between the weights that generated and that train
 
     @property
+    def colocated(self) -> bool:
+        return self.placement == "colocated"
+
+    @property
     def label(self) -> str:
         """`colocated` or `split 1+1` (generator cores + trainer cores)."""
-        if self.placement == "colocated":
+        if self.colocated:
             return "colocated"
         return f"split {self.generator_cores}+{self.trainer_cores}"
 
 
 def predict(
-    costs: PhaseCosts, cores: int, mode: str, max_policy_age: int, exact_mismatch: bool
+    costs: PhaseCosts, cores: int, mode: Mode, max_policy_age: int, exact_mismatch: bool
 ) -> list[Prediction]:
     """Every placement of `cores` cores that `costs` covers: colocated, then each split."""
-    overlap = mode == "async" and max_policy_age >= 1
+    overlap = overlaps(mode, max_policy_age)
     stale = exact_mismatch and overlap
     colocated = costs.generate_s[cores] + costs.train_s[cores] + costs.sync_s
     predictions = [Prediction("colocated", cores, cores, colocated, 0.0)]
@@ -79,7 +85,7 @@ def predict(
 
 def fastest(predictions: list[Prediction]) -> Prediction:
     """The placement predicted fastest; colocated wins a tie (no staleness)."""
-    return min(predictions, key=lambda p: (p.seconds_per_step, p.placement != "colocated"))
+    return min(predictions, key=lambda p: (p.seconds_per_step, not p.colocated))
 
 
 def table(predictions: list[Prediction], chosen: Prediction) -> str:

@@ -53,7 +53,7 @@ class ClusterShape:
         cores this process may run on, which the Provisioner also takes for every host)."""
         gpus = cfg.gpus_per_host
         if gpus is None:
-            gpus = (cfg.slurm.gpus_per_node or 0) if cfg.launcher == "slurm" else _local_gpus()
+            gpus = (cfg.slurm.gpus_per_node or 0) if cfg.on_slurm else _local_gpus()
         cpus = cfg.cpus_per_host
         if cpus is None:
             cpus = len(os.sched_getaffinity(0))
@@ -89,11 +89,22 @@ class Plan:
     """
 
     shape: ClusterShape
+    roles: tuple[Role, ...]  # as placed: colocated ones in `group`, sized to it
     meshes: tuple[Mesh, ...]
     free: tuple[HostDevices, ...]  # what no mesh reserved
     placement: Literal["colocated", "split"] = "split"
     reason: str = ""
     group: Placement | None = None
+    auto: bool = False  # `placement: auto`: a calibration may re-divide the devices
+
+    @property
+    def colocated(self) -> bool:
+        """Whether generator and trainer start on the same devices, taking turns."""
+        return self.placement == "colocated"
+
+    def role(self, name: str) -> Role:
+        """Role `name` as placed."""
+        return next(r for r in self.roles if r.name == name)
 
     def of_role(self, name: str) -> list[Placement]:
         """The placements of role `name`'s replicas."""
@@ -158,7 +169,8 @@ def plan_run(cfg: RunConfig, shape: ClusterShape | None = None) -> Plan:
     _check_totals([r for r in roles if r.group is None], shape)
     meshes = _place_all(roles, hosts, group)
     _check_shm_hosts(cfg, meshes)
-    return Plan(shape, tuple(meshes), tuple(hosts), placement, reason, group)
+    auto = cfg.placement == "auto"
+    return Plan(shape, tuple(roles), tuple(meshes), tuple(hosts), placement, reason, group, auto)
 
 
 def start_placement(
@@ -170,6 +182,8 @@ def start_placement(
     cores of one host, one generator replica, one trainer host. GPUs cannot be handed from
     one process to another that way, so "auto" keeps the configured split there.
     """
+    if not cfg.generates():
+        return "split", "no generator: the trainer has its devices alone"
     if cfg.placement != "auto":
         return cfg.placement, "placement"
     g, t = cfg.generator_resources, cfg.trainer_resources

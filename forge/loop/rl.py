@@ -16,15 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge.actors.dataset import DatasetActor
-from forge.actors.replay_buffer import ReplayBuffer
 from forge.data.admission import AdmissionGate
 from forge.data.completion import Completion
 from forge.data.episode import Episode
 from forge.loop import calibration
-from forge.loop.config import RLConfig
+from forge.loop.config import RLConfig, overlaps
 from forge.loop.pipeline import Prediction, fastest, predict, table
-from forge.loop.run import Run, TrainerDied
+from forge.loop.run import Run
+from forge.loop.trainer_handle import TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -57,26 +56,20 @@ class RLLoop(Run):
         self.step_seconds: list[float] = []  # wall time of each step of this process
         self.step_ended = 0.0
 
-    async def start_services(self) -> list[Any]:
+    async def attach(self, actors: dict[str, Any]) -> None:
         """The replay buffer and the dataset; apps call this first when they add their own."""
-        cfg = self.cfg
-        self.buffer, self.dataset = await asyncio.gather(
-            ReplayBuffer.as_actor(cfg.buffer),
-            DatasetActor.as_actor(cfg.data, cfg.eval.hold_out()),
-        )
-        return []
+        self.buffer, self.dataset = actors["buffer"], actors["dataset"]
 
     # --- placement ----------------------------------------------------------------------------
 
     async def start(self) -> "RLLoop":
         await super().start()
-        await self.fit_placement()
-        if self.turns.enabled and self.cfg.mode == "async":
+        if self.turns.enabled and self.cfg.asynchronous:
             # Colocated phases take turns: generating further ahead than the next batch would
             # overlap nothing and only make the data older. Async runs as sync does.
             self.gate.lower_max_policy_age(0)
         # Batches may be a version old: the generators' move need not hold up the trainer.
-        self.overlap_updates = self.cfg.mode == "async" and self.gate.max_policy_age >= 1
+        self.overlap_updates = overlaps(self.cfg.mode, self.gate.max_policy_age)
         return self
 
     async def fit_placement(self) -> None:
@@ -88,12 +81,12 @@ class RLLoop(Run):
         predicted when the costs are cached. The prediction and the choice are printed, and
         written to run_dir/pipeline.json, where the measured figure joins them later.
         """
-        cfg, auto = self.cfg, self.cfg.placement == "auto"
+        cfg, auto = self.cfg, self.plan.auto
         if auto and not self.turns.enabled:
             return  # auto kept the configured split (GPUs, several hosts): nothing to fit
         cpus = (await self.generator.cores.fanout())[0]["cpus"]
         if not self.turns.enabled:  # explicit split: the costs are for the cores of both
-            cpus = sorted({*cpus, *(await self.call_trainer("cores"))["cpus"]})
+            cpus = sorted({*cpus, *(await self.trainer.cores())["cpus"]})
         costs, source = await self._phase_costs(cpus, measure=auto)
         if costs is None:
             return
@@ -142,11 +135,11 @@ class RLLoop(Run):
     async def _apply(self, chosen: Prediction, cpus: list[int]) -> None:
         """Moves generator and trainer onto `chosen`'s cores: a split gives the trainer the
         first cores and the generator the rest, and ends the turns."""
-        if chosen.placement == "colocated":
+        if chosen.colocated:
             return
         t = chosen.trainer_cores
         self.cores = {"trainer": cpus[:t], "generator": cpus[t:]}  # respawns move there too
-        await self.call_trainer("use_cores", self.cores["trainer"])
+        await self.trainer.use_cores(self.cores["trainer"])
         await self.generator.use_cores.fanout(self.cores["generator"])
         self.turns.enabled = False
 
@@ -312,7 +305,7 @@ class RLLoop(Run):
         """Tells the gate which episodes left the buffer since the last report (trained for the
         last time, or evicted), making room for rollouts; returns the buffer's stats."""
         stats = await self.buffer.stats.call_one()
-        if self.cfg.mode == "async":
+        if self.cfg.asynchronous:
             await self.gate.consumed(_left_buffer(stats) - self.left_reported)
             self.left_reported = _left_buffer(stats)
         return stats
@@ -344,7 +337,7 @@ class RLLoop(Run):
         a later call starts them again. `on_step(step, metrics)` runs after each step (a
         notebook redraws a plot there).
         """
-        if self.cfg.mode == "async" and not self.workers:
+        if self.cfg.asynchronous and not self.workers:
             self.stop.clear()
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
@@ -354,7 +347,7 @@ class RLLoop(Run):
         while self.version < target:
             step = self.version + 1
             try:
-                if self.cfg.mode == "sync":
+                if not self.cfg.asynchronous:
                     await self.sync_rollouts()
                 await self.train_step(step)
                 await self.checkpoint(step)

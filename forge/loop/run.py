@@ -2,15 +2,17 @@
 
 An app (apps/grpo, apps/distillation, apps/sft) subclasses Run, or RLLoop (forge.loop.rl) for
 apps that train on their own generators' samples, and writes only what makes it different:
-which extra services it needs (`start_services`) and, for RL, how an episode is scored.
+the roles it adds (its config's `roles()`, whose handles it takes in `attach`) and, for RL, how
+an episode is scored.
 
     run = MyApp(cfg)
     await run.main()   # start, run, then close: final eval, checkpoint, export, plot, shutdown
 
-What lives here, once: the provisioner and the run folder; the generator service, the trainer
-and the reward service; publishing a new weight version (trainer push -> generator update ->
-old versions deleted); held-out evaluation; per-step metrics, progress and plot; the final
-checkpoint and the Hugging Face export; stopping every process.
+What lives here, once: the provisioner and the run folder; starting the config's roles (the
+trainer, and the generator and reward services where the run needs them); publishing a new
+weight version (trainer push -> generator update -> old versions deleted); held-out evaluation;
+per-step metrics, progress and plot; the final checkpoint and the Hugging Face export; stopping
+every process.
 """
 
 import asyncio
@@ -21,11 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from forge.actors.generator import Generator
-from forge.actors.reward import RewardActor
-from forge.actors.trainer import TitanTrainer
 from forge.config import config_error
-from forge.controller import SupervisionError, get_provisioner, init_provisioner, shutdown
+from forge.controller import get_provisioner, init_provisioner, shutdown
 from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.episode import Episode
 from forge.data.rewards import check_columns, resolve_reward
@@ -33,6 +32,8 @@ from forge.loop.config import Resources, RunConfig
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.plan import GROUP, plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
+from forge.loop.spawn import spawn_role, spawn_roles
+from forge.loop.trainer_handle import TrainerDied, TrainerHandle
 from forge.loop.turns import Turns
 from forge.observability import (
     MetricLogger,
@@ -45,10 +46,6 @@ from forge.observability import (
 from forge.observability.console import say
 from forge.weights.shm_folders import claim_for_run
 from forge.weights.transport import delete_older_than, make_transport
-
-
-class TrainerDied(RuntimeError):
-    """The trainer's process died during a call; the run respawns it from its checkpoint."""
 
 
 class Run:
@@ -89,7 +86,7 @@ class Run:
         # each fails here, before the folder or a process.
         self.plan = plan_run(cfg)
         self.data, self.held_out = self.open_data()
-        self.turns = Turns(enabled=self.plan.placement == "colocated")
+        self.turns = Turns(enabled=self.plan.colocated)
         resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
         self.folder.rewind(resumed)
         self.started = time.perf_counter()
@@ -108,14 +105,13 @@ class Run:
             await torchstore_compat.initialize()
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
         self.timeline_log = (self.run_dir / "timeline.jsonl").open("a")
-        g, group = self.plan.resources("generator"), self._group()
-        self.generator, self.trainer, self.reward = await asyncio.gather(
-            Generator.options(**vars(g), group=group).as_service(cfg.generator),
-            self.spawn_trainer(),
-            RewardActor.as_service(cfg.reward),
-        )
-        self.generator.on_recover = self.recover_generator
-        sources = [self.generator, self.trainer, self.reward, *await self.start_services()]
+        actors = await spawn_roles(self.plan.roles)
+        self.trainer = TrainerHandle(actors["trainer"])
+        self.generator, self.reward = actors.get("generator"), actors.get("reward")
+        if self.generator is not None:
+            self.generator.on_recover = self.recover_generator
+        await self.attach(actors)
+        sources = [self.trainer.mesh if a is actors["trainer"] else a for a in actors.values()]
         # Which hosts each role's processes landed on, for the user (and tests) to check.
         placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
         (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
@@ -125,7 +121,7 @@ class Run:
         t = cfg.trainer_resources
         self.world = t.procs * (t.hosts or 1)  # data-parallel ranks
         # The trainer resumed the same checkpoint; the generators start from its weights.
-        self.version = await self.call_trainer("get_step")
+        self.version = await self.trainer.get_step()
         if self.version != resumed:
             raise RuntimeError(f"trainer resumed step {self.version}, the run folder {resumed}")
         if resumed:
@@ -135,6 +131,8 @@ class Run:
         if metrics.progress_total is None:
             metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
         self.logger = MetricLogger.from_config(self.run_dir, metrics, sources=sources)
+        await self.fit_placement()
+        say(self.placement_line())
         if self.held_out is not None:
             self.evaluator = Evaluator(
                 self.held_out.rows,
@@ -156,40 +154,13 @@ class Run:
         if self.cores is not None:
             await actor.use_cores.call(self.cores["generator"])
 
-    async def spawn_trainer(self) -> Any:
-        """The trainer's processes; it loads the newest checkpoint of its folder in setup."""
-        t = self.plan.resources("trainer")
-        return await TitanTrainer.options(
-            procs=t.procs,
-            hosts=t.hosts,
-            with_gpus=t.with_gpus,
-            cpus_per_proc=t.cpus_per_proc,
-            env=t.env,
-            group=self._group(),
-        ).as_actor(self.cfg.trainer)
-
-    def _group(self) -> str | None:
-        """The device group generator and trainer share when colocated."""
-        return GROUP if self.plan.placement == "colocated" else None
-
-    async def call_trainer(self, endpoint: str, *args: Any, **kwargs: Any) -> Any:
-        """Calls `endpoint` on every trainer rank; returns rank 0's value.
-
-        Raises:
-            TrainerDied: a trainer process died (`restart_trainer` brings it back).
-        """
-        try:
-            values = await getattr(self.trainer, endpoint).call(*args, **kwargs)
-            # In rank order; not .item(procs=0): meshes on a launcher's hosts also have "hosts".
-            return next(iter(values.values()))
-        except SupervisionError as e:  # Monarch's account of it stays attached as the cause
-            raise TrainerDied(f"a trainer process died during {endpoint}") from e
+    async def fit_placement(self) -> None:
+        """Settles where generator and trainer run once both are up, before the first eval;
+        loops that measure and move them override it (forge.loop.rl)."""
 
     def summary(self) -> str:
-        """The start-up line: what trains on which rows, on which processes, where the run is
-        written."""
-        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
-        shared = " (shared, taking turns)" if self.plan.placement == "colocated" else ""
+        """The start-up line, said before anything starts: what trains on which rows, where
+        the run is written."""
         skipped = len(self.data.skipped)
         data = f"data {self.data.name}, {len(self.data)} rows" + (
             f" ({skipped} malformed skipped)" if skipped else ""
@@ -197,9 +168,23 @@ class Run:
         held_out = f" | eval {self.held_out.description}" if self.held_out else ""
         return (
             f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | {data}"
-            f"{held_out} | {self.plan.placement}{shared}: generator {_placement(g)}, trainer "
-            f"{_placement(t)} | run folder {self.run_dir}"
+            f"{held_out} | run folder {self.run_dir}"
         )
+
+    def placement_line(self) -> str:
+        """Where generator and trainer run, said once `fit_placement` has settled it."""
+        if self.cores is not None:  # moved: a core list each
+            return (
+                f"placement split: generator cores {self.cores['generator']}, trainer cores "
+                f"{self.cores['trainer']}"
+            )
+        trainer = f"trainer {_placement(self.plan.resources('trainer'))}"
+        if self.generator is None:
+            return f"placement: {trainer}, no generator"
+        generator = f"generator {_placement(self.plan.resources('generator'))}"
+        if self.turns.enabled:
+            return f"placement colocated (shared, taking turns): {generator}, {trainer}"
+        return f"placement split: {generator}, {trainer}"
 
     def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
         """The training rows and the eval rows, checked against the reward functions' columns.
@@ -220,16 +205,16 @@ class Run:
                 check_columns(functions, held_out.source, held_out.columns)
         return data, held_out
 
-    async def start_services(self) -> list[Any]:
-        """Spawns the app's own actors; returns those whose metrics the logger should pull."""
-        return []
+    async def attach(self, actors: dict[str, Any]) -> None:
+        """Takes the handles of the app's own roles (`RunConfig.roles()`) from `actors`, by
+        role name, once every role has started; the app's other start-up goes here too."""
 
     # --- each step ----------------------------------------------------------------------------
 
     async def train(self, batches: list[list[Episode]], **kwargs: Any) -> dict[str, float]:
         """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics,
         also recorded under train/."""
-        metrics = await self.call_trainer("train_step", batches, **kwargs)
+        metrics = await self.trainer.train_step(batches, **kwargs)
         self.version += 1
         self.log_span(
             self.version, "trainer", "train", metrics.pop("started_at"), metrics.pop("ended_at")
@@ -249,7 +234,7 @@ class Run:
         start = time.perf_counter()
         await self.wait_for_update()
         pushing = time.perf_counter()
-        published = await self.call_trainer("push_weights", self.version)
+        published = await self.trainer.push_weights(self.version)
         pushed = time.perf_counter()
         record_metric("weights/bytes", published["bytes"])
         update = self._update_generators(step, self.version)
@@ -286,8 +271,10 @@ class Run:
     async def sync_generators(self) -> None:
         """Moves every generator to the trainer's weights, even back to an older version (a
         restarted trainer); every other version is deleted."""
+        if self.generator is None:
+            return
         await self.wait_for_update()
-        await self.call_trainer("push_weights", self.version)
+        await self.trainer.push_weights(self.version)
         await self.generator.update_weights.fanout(self.version)
         for version in await self.transport.versions():
             if version != self.version:
@@ -305,9 +292,9 @@ class Run:
         start = time.perf_counter()
         self.folder.save_driver_state(step, await self.state_dict())
         if self.checkpointed == step:  # the trainer's part is written (or being written)
-            await self.call_trainer("wait_checkpoint")
+            await self.trainer.wait_checkpoint()
         else:
-            await self.call_trainer("save_checkpoint", background=False if final else None)
+            await self.trainer.save_checkpoint(background=False if final else None)
         self.checkpointed = step
         record_metric("checkpoint/blocked_s", time.perf_counter() - start)
 
@@ -332,13 +319,13 @@ class Run:
                 f"(max_trainer_restarts {self.cfg.max_trainer_restarts})"
             ) from error
         start, died_at = time.perf_counter(), self.version
-        old = self.trainer
+        old = self.trainer.mesh
         await get_provisioner().stop_actor(old)
-        self.trainer = await self.spawn_trainer()
+        self.trainer = TrainerHandle(await spawn_role(self.plan.role("trainer")))
         if self.cores is not None:
-            await self.call_trainer("use_cores", self.cores["trainer"])
-        self.logger.sources = [self.trainer if s is old else s for s in self.logger.sources]
-        self.version = self.checkpointed = await self.call_trainer("get_step")
+            await self.trainer.use_cores(self.cores["trainer"])
+        self.logger.sources = [self.trainer.mesh if s is old else s for s in self.logger.sources]
+        self.version = self.checkpointed = await self.trainer.get_step()
         await self.sync_generators()
         self.folder.rewind(self.version)  # the steps after the checkpoint are redone
         record_metric("trainer/restarts", self.trainer_restarts, Reduce.MAX)
@@ -359,19 +346,28 @@ class Run:
         return self.cfg.steps
 
     async def log_step(self, step: int, start: float) -> dict[str, float]:
-        """Generator health and throughput, then every process's metrics of `step`."""
+        """Generator health and throughput (if the run has generators), then every process's
+        metrics of `step`."""
         if step == self.last_step:
             await self.wait_for_update()  # it starts the final eval
             if self.evaluator is not None:
                 await self.evaluator.wait()  # the final eval belongs to the last step's line
+        if self.generator is not None:
+            await self.log_generators(step)
+        record_metric("run/elapsed_s", time.perf_counter() - start)
+        return await self.logger.step(step)
+
+    async def log_generators(self, step: int) -> None:
+        """The generators' deaths, throughput, and busy intervals (on the timeline)."""
         for m in self.generator.metrics():
             record_metric("generator/deaths", m["deaths"], Reduce.SUM)
             record_metric("generator/recoveries", m["recoveries"], Reduce.SUM)
             record_metric("generator/hangs", m["hangs"], Reduce.SUM)
         stats = await self.generator.stats.fanout()
         record_metric("generator/tokens_per_s", sum(s["tokens_per_s"] for s in stats))
-        record_metric("run/elapsed_s", time.perf_counter() - start)
-        return await self.logger.step(step)
+        for i, spans in enumerate(await self.generator.busy_spans.fanout()):
+            for purpose, begin, end in spans:
+                self.log_span(step, f"generator {i}", _BUSY[purpose], begin, end)
 
     def log_batch(self, step: int, version: int, batch: list[list[Episode]]) -> None:
         """Appends which episodes (and of which versions) trained at `step` on weights
@@ -447,14 +443,18 @@ class Run:
                 say(f"checkpoint: {self.cfg.trainer.checkpoint.folder} (step {self.version})")
             if self.cfg.export_hf:
                 export = self.run_dir / "hf"
-                await self.call_trainer("export_hf", str(export))
+                await self.trainer.export_hf(str(export))
                 say(f"{'adapter' if self.cfg.trainer.lora else 'model'}: {export}")
                 if self.cfg.trainer.lora and self.cfg.export_merged:
                     merged = self.run_dir / "hf-merged"
-                    await self.call_trainer("export_hf", str(merged), merged=True)
+                    await self.trainer.export_hf(str(merged), merged=True)
                     say(f"merged model: {merged}")
         except TrainerDied as e:
             say(f"{e}: no final checkpoint or export")
+
+
+# A generator's busy intervals on the timeline, by the purpose of its calls.
+_BUSY = {"rollout": "generate", "eval": "eval"}
 
 
 def _placement(r: Resources) -> str:

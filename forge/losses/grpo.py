@@ -43,6 +43,11 @@ class GRPOConfig:
     aggregation: Aggregation = "token_mean"
     norm_length: int | None = None
 
+    @property
+    def corrects(self) -> bool:
+        """Whether the generator's logprobs reweight (TIS) or mask (MIS) the loss's tokens."""
+        return self.is_correction != "none"
+
     def __post_init__(self) -> None:
         if not 0 <= self.clip_eps_low < 1:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {self.clip_eps_low}")
@@ -167,3 +172,16 @@ def grpo_loss(
     metrics["clip_frac"] = masked_mean((clipped > unclipped).float(), loss_mask)
     metrics["ratio_mean"] = masked_mean(ratio, loss_mask)
     return loss, {name: value.detach() for name, value in metrics.items()}
+
+
+def sampled_kl_weights(
+    cfg: GRPOConfig, logprobs: Tensor, behaviour_logprobs: Tensor | None
+) -> Tensor | None:
+    """Per-token weights of a KL estimated on tokens an older generator sampled: TIS's
+    min(pi_theta / mu, tis_cap) under "tis", none under "none". MIS would drop tokens from
+    the estimate: refused."""
+    if cfg.is_correction == "mis":
+        raise ValueError("objective 'distill' supports is_correction 'none' or 'tis', not 'mis'")
+    if cfg.is_correction == "tis":
+        return truncated_is_weights(logprobs, behaviour_logprobs, cfg.tis_cap)
+    return None

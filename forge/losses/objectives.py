@@ -13,8 +13,7 @@ from torch import Tensor
 
 from forge.losses.aggregation import masked_mean
 from forge.losses.distillation import reverse_kl_loss, top_k_reverse_kl_loss
-from forge.losses.grpo import GRPOConfig, grpo_loss
-from forge.losses.importance import truncated_is_weights
+from forge.losses.grpo import GRPOConfig, grpo_loss, sampled_kl_weights
 from forge.losses.sft import sft_loss
 
 ObjectiveName = Literal["grpo", "distill", "sft"]
@@ -58,7 +57,7 @@ def grpo_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[st
     """GRPO. Without an IS correction it clips against the generator's logprobs (plain async
     PPO); with one, the proximal policy is the current one and the generator's logprobs give
     the IS ratio."""
-    old = x.behaviour_logprobs if cfg.is_correction == "none" else None
+    old = None if cfg.corrects else x.behaviour_logprobs
     loss, metrics = grpo_loss(
         x.logprobs,
         old,
@@ -86,10 +85,9 @@ def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict
     """
     if x.teacher_logprobs is None:
         raise ValueError("objective 'distill' needs teacher_logprobs on every episode")
-    if cfg.is_correction == "mis":
-        raise ValueError("objective 'distill' supports is_correction 'none' or 'tis', not 'mis'")
+    weights = sampled_kl_weights(cfg, x.logprobs.detach(), x.behaviour_logprobs)
     if x.teacher_top_logprobs is not None and x.student_top_logprobs is not None:
-        if cfg.is_correction != "none":
+        if cfg.corrects:
             raise ValueError(TOP_K_IS_CORRECTION)
         loss, metrics = top_k_reverse_kl_loss(
             x.student_top_logprobs,
@@ -100,9 +98,6 @@ def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict
         )
         sampled = masked_mean(x.logprobs.detach() - x.teacher_logprobs, x.mask.bool())
         return loss, {**metrics, "sampled_reverse_kl": sampled}
-    weights = None
-    if cfg.is_correction == "tis":
-        weights = truncated_is_weights(x.logprobs.detach(), x.behaviour_logprobs, cfg.tis_cap)
     return reverse_kl_loss(
         x.logprobs, x.teacher_logprobs, x.mask, cfg.aggregation, cfg.norm_length, weights
     )

@@ -2,10 +2,10 @@
 
 The trainer publishes its weights HF-named after every step. torchtitan's Llama and Qwen
 adapters rename every tensor and reorder the rows of the query and key projections (HF's
-rotary layout), copying each of those twice (`reshape`, then `clone`) into fresh memory: 30 ms
-a version for SmolLM2-135M. `HfLayout` runs `to_hf` once on row labels to learn which rows go
-where, then writes the reordered tensors into buffers it keeps (one `index_select` each, 6 ms)
-and passes every other tensor through as is.
+rotary layout), copying each of those twice (`reshape`, then `clone`) into fresh memory at
+every version, on the path of every weight sync. `HfLayout` runs `to_hf` once on row labels to
+learn which rows go where, then writes the reordered tensors into buffers it keeps (one
+`index_select` each, no fresh memory) and passes every other tensor through as is.
 """
 
 from dataclasses import dataclass

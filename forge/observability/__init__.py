@@ -30,7 +30,7 @@ from forge.observability.metrics import (
     record_metric,
     reduce_metrics,
 )
-from forge.observability.plot import plot_run
+from forge.observability.plot import plot_run, plot_series
 from forge.observability.progress import ProgressBar
 from forge.observability.timeline import plot_timeline, read_timeline
 
@@ -50,6 +50,7 @@ __all__ = [
     "drain_local",
     "merge",
     "plot_run",
+    "plot_series",
     "plot_timeline",
     "read_timeline",
     "record_metric",

@@ -1,14 +1,25 @@
-"""A run's timeline: when the trainer trained and when each generator paused and swapped
-weights, as intervals on the actors' own clocks, in run_dir/timeline.jsonl and a PNG.
+"""A run's timeline: when the trainer trained, and when each generator generated rollouts,
+answered an eval, paused and swapped weights, as intervals on the actors' own clocks, in
+run_dir/timeline.jsonl and a PNG.
 
 Each line is one interval: `step`, `lane` (e.g. "trainer", "generator 0"), `what` ("train",
-"pause", "swap"), `start` and `end` (Unix seconds, from the process that did it).
+"generate", "eval", "pause", "swap"), `start` and `end` (Unix seconds, from the process that
+did it). A generator generates and evaluates at once: eval is drawn as a thinner bar over
+generation, and pauses and swaps over both.
 """
 
 import json
 from pathlib import Path
 
-COLOURS = {"train": "tab:blue", "pause": "tab:orange", "swap": "tab:red"}
+# In drawing order, with each bar's height: later ones are drawn over earlier ones.
+COLOURS = {
+    "train": "tab:blue",
+    "generate": "tab:green",
+    "eval": "tab:purple",
+    "pause": "tab:orange",
+    "swap": "tab:red",
+}
+HEIGHTS = {"eval": 0.3}
 
 
 def read_timeline(run_dir: str | Path) -> list[dict]:
@@ -32,10 +43,12 @@ def plot_timeline(run_dir: str | Path) -> Path | None:
     fig = Figure(figsize=(9, 0.6 * len(lanes) + 1.2), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    for s in spans:
+    order = list(COLOURS)
+    for s in sorted(spans, key=lambda s: order.index(s["what"]) if s["what"] in order else -1):
         row = lanes.index(s["lane"])
         colour = COLOURS.get(s["what"], "tab:gray")
-        ax.barh(row, s["end"] - s["start"], left=s["start"] - origin, color=colour, height=0.6)
+        height = HEIGHTS.get(s["what"], 0.6)
+        ax.barh(row, s["end"] - s["start"], left=s["start"] - origin, color=colour, height=height)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first interval")

@@ -4,14 +4,14 @@
 place after it, so its presence means the version is complete.
 
 A deleted version's file is kept in `<root>/free/` and rewritten by the next publish: its pages
-already exist, and writing into fresh tmpfs pages costs a page fault each (~5x slower than a
-copy). The publisher keeps its mapping of each file it wrote while the file is in use, so that
-a version is a plain memory copy: `pwrite` into tmpfs costs a page-cache lookup per 4 KiB page
-and serialises on the file's lock (0.14 s for 538 MB here, against 0.05 s copied from two
-threads into the kept mapping). So that verified bytes can never change under a reader, readers
-hold a shared `flock` on the file from before they verify the bytes until they no longer map
-them, and a publisher rewrites a free file only if it gets the exclusive lock at once, else it
-writes a fresh file.
+already exist, and writing into fresh tmpfs pages costs a page fault each (several times a
+copy's cost). The publisher keeps its mapping of each file it wrote while the file is in use, so
+that a version is a plain memory copy: `pwrite` into tmpfs costs a page-cache lookup per 4 KiB
+page and serialises on the file's lock, so it does not speed up with more threads, where copies
+from several threads into the kept mapping do. So that verified bytes can never change under a
+reader, readers hold a shared `flock` on the file from before they verify the bytes until they
+no longer map them, and a publisher rewrites a free file only if it gets the exclusive lock at
+once, else it writes a fresh file.
 A generator pins a version (`pin`: the lock, and a path to that very file), and its vLLM engine
 verifies and loads it on one mapping of that file (`open_version`). A reader that finds its
 version deleted, or asks for one when a newer version exists, gets WeightVersionGone at once.
@@ -265,7 +265,7 @@ def open_version(path: str | Path, expected: Manifest) -> Iterator[dict[str, tor
 
 
 # Page tables filled in one call when a file is mapped: a fault per 4 KiB page on first touch
-# costs more than copying the page (~0.1 s a GB here).
+# costs more than copying the page.
 _SHARED_POPULATED = mmap.MAP_SHARED | mmap.MAP_POPULATE
 
 

@@ -52,7 +52,7 @@ async def core_use_while(pids: list[int], work) -> float:
 async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tmp_path):
     run = await start(tmp_path, "placement=colocated", "mode=sync")
     try:
-        trainer = await run.call_trainer("cores")
+        trainer = await run.trainer.cores()
         [generator] = await run.generator.cores.fanout()
         engine = generator["engine"]
         for process in (trainer, generator, engine):
@@ -63,7 +63,7 @@ async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tm
 
         async def train():
             async with run.turns.training():
-                await run.call_trainer("calibrate", [batch])  # forward and backward passes
+                await run.trainer.calibrate([batch])  # forward and backward passes
 
         async def generate():
             await run.rollout(0)
@@ -79,7 +79,7 @@ async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tm
 
 
 async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     cache = tmp_path / "calibration.json"
     monkeypatch.setattr(calibration, "cache_path", lambda: cache)
@@ -107,12 +107,23 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
     try:
         trainer_cores = len(ALL) - 1  # ties go to the first split: one generator core
         assert run.prediction.label == f"split 1+{trainer_cores}" and not run.turns.enabled
-        trainer = await run.call_trainer("cores")
+        trainer = await run.trainer.cores()
         [generator] = await run.generator.cores.fanout()
         assert (trainer["cpus"], trainer["threads"]) == (ALL[:trainer_cores], trainer_cores)
         assert generator["cpus"] == generator["engine"]["cpus"] == ALL[trainer_cores:]
         assert generator["engine"]["threads"] == 1
         assert calibration.load(key) is not None
+        # The start line comes first and names no placement; the placement is said once
+        # decided, with the cores the processes were moved to.
+        said = capsys.readouterr().out.splitlines()
+        start_line = next(i for i, line in enumerate(said) if line.startswith("GRPO: "))
+        assert "placement" not in said[start_line]
+        decided = said.index(f"placement auto (cached): split 1+{trainer_cores}")
+        placed = (
+            f"placement split: generator cores {ALL[trainer_cores:]}, "
+            f"trainer cores {ALL[:trainer_cores]}"
+        )
+        assert start_line < decided < said.index(placed)
         await run.steps(4)  # trains on the split; the measured figure is far from 100 s
         measured = json.loads((run.run_dir / "pipeline.json").read_text())
         assert measured["measured_s_per_step"] < 0.8 * run.prediction.seconds_per_step

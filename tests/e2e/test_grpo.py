@@ -75,7 +75,16 @@ def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_p
     trainer's and the generators' own processes), and no batch is older than the age allows."""
     runs = {mode: tmp_path / mode for mode in ("drain", "abort", "inflight")}
     procs = {
-        mode: grpo(TINY, d, VOWELS, "steps=4", f"generator.update_mode={mode}", "export_hf=false")
+        mode: grpo(
+            TINY,
+            d,
+            VOWELS,
+            "steps=4",
+            f"generator.update_mode={mode}",
+            "export_hf=false",
+            "eval.interval=4",  # before step 1 and after step 4: on the timeline
+            "eval.size=4",
+        )
         for mode, d in runs.items()
     }
     finish_all(procs, runs)
@@ -90,6 +99,16 @@ def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_p
         overlapped = [s for s in (1, 2, 3) if train[s + 1]["start"] < updated[s]]
         print(f"{mode}: trainer began the next step before the update ended at steps {overlapped}")
         assert overlapped, f"{mode}: every update held up the trainer's next step"
+        # The generator's own intervals: rollouts went on while the trainer trained, and the
+        # evals (before step 1 and after the last) are drawn on its lane too.
+        generating = [s for s in spans if s["lane"] == "generator 0" and s["what"] == "generate"]
+        assert any(
+            g["start"] < t["end"] and t["start"] < g["end"]
+            for g in generating
+            for t in train.values()
+        ), mode
+        evals = [s for s in spans if s["lane"] == "generator 0" and s["what"] == "eval"]
+        assert len(evals) >= 2 and all(s["start"] <= s["end"] for s in evals), mode
         for record in trained(run_dir):
             ages = [record["trainer_version"] - v for v in record["policy_versions"]]
             assert 0 <= min(ages) and max(ages) <= 1, (mode, record)

@@ -1,7 +1,9 @@
 """The notebooks under notebooks/ run top to bottom in a real Jupyter kernel (this venv's
-Python), leave no process behind, and survive an interrupted cell."""
+Python) started where Jupyter starts it, in the notebook's folder; their cells show no library
+log lines; they leave no process behind and survive an interrupted cell."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +18,14 @@ pytestmark = pytest.mark.integration
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIRST = ROOT / "notebooks" / "01_actors_and_services.ipynb"
+# What vLLM, Monarch, torch and Python's warnings print; a notebook sends it to its log file.
+LIBRARY_LINE = re.compile(
+    r"WARNING|INFO|Warning|it/s\]|Monarch internal logs|Triton|\(EngineCore|\(MainProcess"
+)
+# A cell (found by a piece of its code) whose output is exactly these lines.
+EXACT_OUTPUT = {
+    "02_generator_and_weights": ("as_service(cfg)", ["serving version 0"]),
+}
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -29,12 +39,28 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path):
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources=_in(ROOT))
+    log = ROOT / "runs" / "notebooks" / f"{path.stem}.log"
+    log.unlink(missing_ok=True)
+    # As Jupyter runs it: the kernel's working directory is the notebook's folder.
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources=_in(path.parent))
     start = time.perf_counter()
     client.execute()  # raises CellExecutionError naming the cell that failed
     print(f"{path.name}: {time.perf_counter() - start:.0f} s")
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert not errors
+    shown = [line for c in nb.cells for line in _printed(c)]
+    assert not [line for line in shown if LIBRARY_LINE.search(line)], shown
+    assert LIBRARY_LINE.search(log.read_text()), "the library lines went to no log"
+    if path.stem in EXACT_OUTPUT:
+        piece, lines = EXACT_OUTPUT[path.stem]
+        (cell,) = [c for c in nb.cells if c.cell_type == "code" and piece in c.source]
+        assert _printed(cell) == lines
+
+
+def _printed(cell) -> list[str]:
+    """The lines a code cell printed (its stream outputs)."""
+    streams = [o["text"] for o in cell.get("outputs", []) if o["output_type"] == "stream"]
+    return "".join(streams).splitlines()
 
 
 def _in(folder: Path) -> dict:
@@ -53,8 +79,8 @@ def _run(client, code: str, timeout: float = 300) -> dict:
 
 @pytest.fixture
 def kernel():
-    """A kernel started in the repository root; its descendants are checked by the tests."""
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    """A kernel started where Jupyter starts it; its descendants are checked by the tests."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(FIRST.parent))
     yield manager, client
     client.stop_channels()
     if manager.is_alive():
@@ -64,9 +90,9 @@ def kernel():
 def test_shutting_the_kernel_down_leaves_no_process(kernel):
     manager, client = kernel
     cells = _code_cells(FIRST)
-    for code in cells[:3]:  # the actor class, one actor, a 2-replica service
+    for code in cells[:4]:  # the log file, the actor class, one actor, a 2-replica service
         _run(client, code)
-    _run(client, cells[2])  # run again: replaces the service instead of adding one
+    _run(client, cells[3])  # run again: replaces the service instead of adding one
     children = psutil.Process(manager.provisioner.process.pid).children(recursive=True)
     assert len(children) >= 3, children
     manager.shutdown_kernel(now=False)
@@ -77,7 +103,7 @@ def test_shutting_the_kernel_down_leaves_no_process(kernel):
 def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
     manager, client = kernel
     cells = _code_cells(FIRST)
-    for code in cells[:3]:
+    for code in cells[:4]:
         _run(client, code)
     kernel_pid = manager.provisioner.process.pid
     # stop_on_error=False: after an error the kernel aborts execute requests that reach it

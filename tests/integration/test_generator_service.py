@@ -7,6 +7,7 @@ import signal
 
 import psutil
 import pytest
+from helper_runs import wait_until
 from transformers import AutoModelForCausalLM
 
 from forge.actors.generator import Generator, GeneratorConfig
@@ -49,16 +50,24 @@ async def test_killed_replica_is_respawned_on_current_weights(tmp_path):
         await transport.publish(1, weights)
         assert [r["mode"] for r in await service.update_weights.fanout(1)] == ["drain"] * 2
 
+        victim = service.replica_actors()[0]
         pids = [await actor.ping.call_one() for actor in service.replica_actors()]
         sampling = {"max_tokens": 64, "ignore_eos": True}
+        made = (await victim.stats.call_one())["tokens_total"]
         calls = [
             asyncio.ensure_future(service.generate.route(f"request {i}", sampling=sampling))
             for i in range(24)
         ]
-        await asyncio.sleep(1.0)
+
+        async def victim_generating() -> bool:  # its engine makes tokens for calls still open
+            stats = await victim.stats.call_one()
+            return stats["tokens_total"] > made and service.metrics()[0]["in_flight"] > 0
+
+        await wait_until(victim_generating, "tokens from replica 0", timeout=120, poll=0.05)
         os.kill(pids[0], signal.SIGKILL)
         results = await asyncio.gather(*calls)
         assert all(len(c.token_ids) == 64 for r in results for c in r)
+        assert service.retries >= 1  # the kill cut calls short, and they were retried
 
         async with asyncio.timeout(120):
             while sum(m["recoveries"] for m in service.metrics()) < 1:

@@ -6,6 +6,7 @@ import random
 from collections.abc import AsyncIterator
 
 import pytest
+from helper_runs import wait_until
 
 from forge.actors.replay_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data import Completion, Episode
@@ -48,14 +49,25 @@ async def test_admit_waits_until_room_is_made():
     gate = AdmissionGate(batch_size=4, max_policy_age=0, group_size=2)
     await gate.admit()
     await gate.admit()
+    # Record each room check, so that the test knows when the waiter has looked and was refused:
+    # it is then blocked until the gate's counts change.
+    checks: list[bool] = []
+    try_admit = gate.try_admit
+
+    def recorded_try_admit() -> bool:
+        checks.append(try_admit())
+        return checks[-1]
+
+    gate.try_admit = recorded_try_admit
     waiter = asyncio.ensure_future(gate.admit(timeout=5))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: checks == [False], "the waiter refused")
     assert not waiter.done()
     await gate.finished(4)
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: checks == [False, False], "the waiter checked again")
     assert not waiter.done()  # finished samples are still ahead of the trainer
     await gate.consumed(4)
     await waiter
+    assert checks == [False, False, True]
     assert (gate.in_flight, gate.buffered) == (2, 0)
 
 

@@ -23,6 +23,7 @@ from forge.observability import (
     drain_local,
     merge,
     plot_run,
+    plot_series,
     record_metric,
     reduce_metrics,
 )
@@ -282,3 +283,20 @@ def test_plot_has_the_logged_keys_and_skips_missing_ones(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
     with pytest.raises(ValueError, match="none of"):
         plot_run(tmp_path, keys=["absent"])
+
+
+def test_plot_draws_eval_from_the_starting_weights_at_step_0(tmp_path):
+    """The eval before step 1 lives in eval.jsonl only: a step's metrics line has no step 0."""
+    backend = JsonlBackend(tmp_path / "metrics.jsonl")
+    for step in range(1, 21):
+        backend.log(
+            step, {"train/loss": 1 / step, **({"eval/reward": 0.5} if step % 10 else {})}, 0
+        )
+    backend.close()
+    evals = [{"step": s, "version": s, "reward": r} for s, r in ((0, 0.25), (10, 0.5), (20, 0.75))]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    series = plot_series(tmp_path, ["eval/reward", "train/loss", "eval/loss"])
+    assert series["eval/reward"] == ([0, 10, 20], [0.25, 0.5, 0.75])
+    assert series["train/loss"][0] == list(range(1, 21))
+    assert "eval/loss" not in series  # never evaluated: left out
+    assert plot_run(tmp_path, ["eval/reward", "train/loss"]).stat().st_size > 1000

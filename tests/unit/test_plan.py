@@ -48,6 +48,21 @@ def test_every_shipped_config_fits_its_cluster(path):
         assert plan.of_role("trainer")[0].world_size == cfg.buffer.dp_size
 
 
+def test_a_run_places_the_roles_it_needs_and_no_other():
+    """The roles are the run as data: what the plan places is what Run.start spawns."""
+
+    def names(cfg):
+        return [r.name for r in plan_run(cfg, CPU_HOST).roles]
+
+    assert names(config("sft/tiny_cpu")) == ["trainer", "generator", "reward"]  # eval only
+    sft = config("sft/tiny_cpu", "eval.interval=0")
+    assert names(sft) == ["trainer"] and plan_run(sft, CPU_HOST).placement == "split"
+    grpo = config("grpo/tiny_cpu", "eval.interval=0")
+    assert names(grpo) == ["trainer", "generator", "reward", "buffer", "dataset"]
+    distill = config("distillation/tiny_cpu", "eval.interval=0")  # the teacher scores
+    assert names(distill) == ["trainer", "generator", "buffer", "dataset", "teacher"]
+
+
 def test_the_slurm_config_puts_the_trainer_on_two_nodes_and_generators_on_the_others():
     plan = plan_run(config("grpo/qwen3_slurm"), SHAPES["qwen3_slurm"])
     [trainer] = plan.of_role("trainer")
@@ -266,6 +281,7 @@ ACTOR = {  # the actor class each role's mesh runs
             ["placement=colocated", "provisioner.gpus_per_host=8", "provisioner.cpus_per_host=64"],
         ),
         ("sft/tiny_cpu", ["provisioner.cpus_per_host=2"]),
+        ("sft/tiny_cpu", ["provisioner.cpus_per_host=2", "eval.interval=0"]),  # trainer only
         (
             "distillation/tiny_cpu",
             [

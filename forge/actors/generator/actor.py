@@ -20,6 +20,7 @@ from monarch.actor import endpoint
 from monarch.actor.concurrent import concurrent_endpoint
 
 from forge.actors.generator.adapter import AdapterSlot
+from forge.actors.generator.busy import BusySpans, Purpose
 from forge.actors.generator.config import GeneratorConfig, check_update_mode
 from forge.actors.generator.engine import checkpoint_shapes, start_engine
 from forge.actors.generator.engine_stats import EngineStats
@@ -40,6 +41,7 @@ class Generator(ForgeActor):
         super().__init__()
         self.cfg = cfg or GeneratorConfig()
         self._stats = EngineStats()
+        self._busy = BusySpans()
         self.engine: Any = None
         self.updates: WeightUpdates | None = None
 
@@ -76,13 +78,16 @@ class Generator(ForgeActor):
         prompt: str | list[dict[str, str]] | list[int],
         n: int | None = None,
         sampling: dict[str, Any] | None = None,
+        purpose: Purpose = "rollout",
     ) -> list[Completion]:
         """Samples `n` completions of a prompt: text, chat messages or token ids.
 
         Chat messages get the model's chat template. `sampling` overrides SamplingConfig fields.
+        `purpose` labels the call's time on the run's timeline (`busy_spans`).
         """
         try:
-            return await self.requests.generate(prompt, n, sampling)
+            with self._busy.busy(purpose):
+                return await self.requests.generate(prompt, n, sampling)
         except Exception as e:
             self._exit_if_engine_died(e)
             raise
@@ -150,6 +155,12 @@ class Generator(ForgeActor):
             "threads": torch.get_num_threads(),
             "engine": engine,
         }
+
+    @endpoint
+    async def busy_spans(self) -> list[tuple[str, float, float]]:
+        """The intervals this generator had calls of one purpose running, since the last call:
+        (purpose, start, end) on the wall clock."""
+        return self._busy.take()
 
     @endpoint
     async def stats(self) -> dict[str, float]:

@@ -58,6 +58,8 @@ class Replica:
         self.recovery: asyncio.Task | None = None
         self.in_flight = 0
         self.queued = 0
+        # Health checks the current process missed in a row: an answer or a respawn resets it.
+        self.missed_checks = 0
         self.metrics = ReplicaMetrics()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._calls: set[asyncio.Task] = set()
@@ -143,6 +145,7 @@ class Replica:
             "hangs": m.hangs,
             "check_errors": m.check_errors,
             "recoveries": m.recoveries,
+            "missed_checks": self.missed_checks,
             "in_flight": self.in_flight,
             "queued": self.queued,
             "latency_p50_ms": 1000 * m.latency_p50_s(),

@@ -212,6 +212,7 @@ class Service:
         replica.actor, replica.mesh = actor, mesh
         replica.world_size = self.options.process.procs * (self.options.process.hosts or 1)
         replica.generation += 1
+        replica.missed_checks = 0
         await self._set_state(replica, ReplicaState.HEALTHY)
         self._spawn_task(self._watch(replica))
 
@@ -321,6 +322,8 @@ class Service:
             except Exception as e:
                 misses = 0  # it answered, with an error: not hung
                 self._check_failed(replica, e)
+            if replica.generation == generation:  # a respawn's checks count its own misses
+                replica.missed_checks = misses
 
     def _check_failed(self, replica: Replica, error: Exception) -> None:
         replica.metrics.check_errors += 1
@@ -424,7 +427,8 @@ class Service:
         return sum(r.healthy for r in self._replicas)
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Per-replica state, request and failure counts, queue depth and latency."""
+        """Per-replica state, request and failure counts, health checks missed in a row
+        (`missed_checks`), queue depth and latency."""
         return [r.snapshot() for r in self._replicas]
 
     def replica_actors(self) -> list[Any]:

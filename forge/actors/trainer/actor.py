@@ -1,0 +1,167 @@
+"""TitanTrainer: a torchtitan model trained with forge's losses, data-parallel over its procs.
+
+    trainer = await TitanTrainer.options(procs=2).as_actor(TrainerConfig())
+    metrics = await trainer.train_step.call_one(batches)   # batches[r] goes to rank r
+    await trainer.push_weights.call(version)               # every rank takes part; rank 0 publishes
+
+Uses torchtitan's models, parallelize functions (FSDP; tensor parallel on GPU) and state-dict
+adapters under our own train step: torchtitan's stock Trainer assumes CUDA. The actor holds
+the endpoints and composes the parts that do the work (see the package's docstring).
+"""
+
+import asyncio
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from monarch.actor import endpoint
+
+from forge.actors.checkpointing import Checkpointer
+from forge.actors.trainer.build import build_model
+from forge.actors.trainer.calibrate import calibrate
+from forge.actors.trainer.config import TrainerConfig
+from forge.actors.trainer.export import export_hf
+from forge.actors.trainer.publish import Publisher
+from forge.actors.trainer.training import Training
+from forge.controller import ForgeActor
+from forge.controller.compute_thread import ComputeThread
+from forge.controller.placement import pin_to_cores
+from forge.data.episode import Episode
+
+
+class TitanTrainer(ForgeActor):
+    """Trains a torchtitan model on batches of episodes and publishes its weights."""
+
+    def __init__(self, cfg: TrainerConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or TrainerConfig()
+        self.step = 0
+        # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
+        self.compute = ComputeThread("forge-trainer")
+
+    @endpoint
+    async def setup(self) -> None:
+        """Joins the process group, builds and shards the model, resumes the latest checkpoint."""
+        await self.compute.run(self._setup)
+
+    def _setup(self) -> None:
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(self.cfg.seed + rank)
+        self.model = build_model(self.cfg, rank, world, device)
+        self.training = Training(self.cfg, self.model)
+        self.checkpointer = Checkpointer(
+            self.cfg.checkpoint, self.model.module, self.training.optimizer, self.training.scheduler
+        )
+        self.step = self.checkpointer.resume()
+        self.publisher = Publisher(self.cfg, self.model)
+
+    # --- training -----------------------------------------------------------------------------
+
+    @endpoint
+    async def train_step(
+        self, batches: list[list[Episode]], policy_version: int | None = None
+    ) -> dict[str, float]:
+        """One optimiser step on `batches[rank]` per rank; returns global metrics.
+
+        `policy_version` is the version of the trainer's current weights: episodes of that
+        version give the mismatch KL (the engines' disagreement on the same weights), older
+        ones the policy drift since. None counts every episode as current.
+        """
+        mine = self._mine(batches)
+        metrics = await self.compute.run(self.training.step, mine, policy_version)
+        self.step += 1
+        return metrics
+
+    @endpoint
+    async def eval_loss(self, batches: list[list[Episode]]) -> float:
+        """The objective's loss on `batches[rank]` per rank, without a step: a held-out loss."""
+        return await self.compute.run(self.training.eval_loss, self._mine(batches))
+
+    @endpoint
+    async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Per-token logprobs of each (prompt ids, completion ids) under the current weights,
+        `micro_batch_size` sequences per forward pass. Call on every rank with the same pairs."""
+        return await self.compute.run(self.training.logprobs, pairs)
+
+    def _mine(self, batches: list[list[Episode]]) -> list[Episode]:
+        """This rank's batch of `batches`, one per data-parallel rank."""
+        if len(batches) != self.model.world:
+            raise ValueError(
+                f"got {len(batches)} batches for {self.model.world} data-parallel ranks"
+            )
+        return batches[self.model.rank]
+
+    # --- placement ----------------------------------------------------------------------------
+
+    @endpoint
+    async def calibrate(self, batches: list[list[Episode]], micro_batches: int = 3) -> dict:
+        """Times `micro_batches` forward and backward passes of `batches[rank]` (and forward
+        passes alone), and scales them to the whole batch by padded tokens.
+
+        Returns {"train_s": one step on the batch, "stale_s": what the exact mismatch pass
+        adds when the batch is one version old}. Changes no weight and no optimizer state.
+        """
+        mine = batches[self.model.rank]
+        return await self.compute.run(calibrate, self.training, mine, micro_batches)
+
+    @endpoint
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        """Moves the trainer onto `cpus`, an equal share to each rank (all of them to every
+        rank if there are fewer cores than ranks); compute threads take the new count."""
+        share = len(cpus) // self.model.world
+        rank = self.model.rank
+        mine = cpus[rank * share : (rank + 1) * share] if share else cpus
+        pin_to_cores(mine)
+        self.compute.threads = len(mine)
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
+    async def cores(self) -> dict[str, Any]:
+        """Pid, cores, and the thread count its compute runs with."""
+        threads = await self.compute.run(torch.get_num_threads)
+        return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)), "threads": threads}
+
+    # --- weights and checkpoints --------------------------------------------------------------
+
+    @endpoint
+    async def push_weights(self, version: int) -> dict[str, float]:
+        """Publishes the current weights as `version` (HF names; with LoRA, the adapters in
+        PEFT's layout). Call on every rank."""
+        return await self.publisher.push(version, self.compute)
+
+    @endpoint
+    async def export_hf(self, path: str, merged: bool = False) -> str:
+        """Writes the current weights as a Hugging Face folder at `path`; returns `path`.
+
+        Call on every rank (`.call`): gathering the full weights is a collective. Rank 0
+        writes the folder (the source checkpoint's config and tokenizer, the trained weights)
+        and replaces an existing one only once complete; transformers and vLLM load it as is.
+        With LoRA the folder is a PEFT adapter (adapter_config.json, adapter_model.safetensors)
+        for the source checkpoint, or with `merged`, the model with its adapters folded in.
+        """
+        return await self.compute.run(export_hf, self.model, self.cfg, path, merged)
+
+    @endpoint
+    async def save_checkpoint(self, background: bool | None = None) -> float:
+        """Saves model, optimizer, scheduler, step and RNG as checkpoint `step-<step>`.
+
+        In the background (default: the config's `async_save`) it returns once the state is
+        staged; the checkpoint becomes `latest` when written. Returns the seconds it blocked.
+        """
+        return await self.compute.run(self.checkpointer.save, self.step, background)
+
+    @endpoint
+    async def wait_checkpoint(self) -> None:
+        """Returns once the last background checkpoint write is complete."""
+        await asyncio.to_thread(self.checkpointer.wait)
+
+    @endpoint
+    async def get_step(self) -> int:
+        """The number of optimiser steps taken (resumed ones included)."""
+        return self.step

@@ -1,0 +1,192 @@
+"""The training step: forward and backward passes over a rank's micro-batches, then one
+optimiser step; and the passes that share its micro-batches and objective without a step (a
+held-out loss, per-token logprobs).
+
+Losses are normalised by the global token (or sequence) count, and FSDP sums gradients, so N
+processes compute exactly what one process computes on the whole batch.
+"""
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from forge.actors.trainer.collectives import all_max, all_sum, all_sum_each
+from forge.actors.trainer.config import TrainerConfig, lr_factor
+from forge.actors.trainer.micro_batches import micro_batches
+from forge.actors.trainer.mismatch import KL_PARTS, Mismatch
+from forge.actors.trainer.model import Model
+from forge.data.collate import Batch, collate, first_position, gather_tokens, pad_sequences
+from forge.data.episode import Episode
+from forge.losses import OBJECTIVES, ObjectiveInputs
+from forge.models.titan import candidate_logprobs, token_logprobs
+from forge.observability.memory import PeakMemory
+
+
+class Training:
+    """Trains `model` with the configured objective, optimizer and schedule.
+
+    Args:
+        cfg: the objective and loss, the optimizer and scheduler, micro-batching, logits
+            chunking and the mismatch measurement.
+        model: the model to train.
+    """
+
+    def __init__(self, cfg: TrainerConfig, model: Model) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.pad_id = 0
+        o = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            model.trained_parameters(),
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            fused=True,  # one kernel per step instead of a loop over parameters (CPU and GPU)
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(cfg.scheduler, step)
+        )
+        self.mismatch = Mismatch(cfg, model, self.pad_id)
+
+    def step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
+        """One optimiser step on this rank's `episodes`; returns metrics over every rank.
+
+        `policy_version` is the version of the current weights: episodes of that version give
+        the mismatch KL, older ones the policy drift since. None counts every episode as current.
+        """
+        start, started_at = time.perf_counter(), time.time()
+        peak = PeakMemory(self.model.device)
+        self.model.module.train()
+        chunks = micro_batches(episodes, self.cfg.micro_batch_size)
+        micro = [(collate(chunk, self.pad_id), real) for chunk, real in chunks]
+        norms = [self._normaliser(batch) if real else 0.0 for batch, real in micro]
+        global_norm = max(all_sum(sum(norms)), 1.0)
+        # SFT targets come from data, not from a generator: there is nothing to compare with.
+        sampled = self.cfg.objective != "sft"
+        sums: dict[str, float] = defaultdict(float)  # loss and metrics, weighted by norm
+        kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
+        if sampled:
+            # First, while no activation or gradient is held: it adds nothing to the peak.
+            self.mismatch.add_previous(episodes, kl)
+        for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
+            self._sync_gradients(last=i == len(micro) - 1)
+            logprobs, loss, metrics = self.forward(batch)
+            (loss * norm / global_norm).backward()
+            for name, value in {"loss": loss.detach(), **metrics}.items():
+                sums[name] += float(value) * norm
+            if sampled and norm:
+                self.mismatch.add(logprobs.detach(), batch, policy_version, kl)
+        mismatch = self.mismatch.metrics(kl) if sampled else {}
+        if sampled and policy_version is not None:
+            self.mismatch.keep(policy_version)
+        grad_norm = self._clip_and_step()
+        sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
+        totals = all_sum_each(sums)
+        return {
+            **{name: value / global_norm for name, value in totals.items() if name != "tokens"},
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens": totals["tokens"],
+            "tokens_per_s": totals["tokens"] / (time.perf_counter() - start),
+            f"{peak.metric}": all_max(peak.gb()),
+            **mismatch,
+            "started_at": started_at,  # wall clock: the run's timeline
+            "ended_at": time.time(),
+        }
+
+    def eval_loss(self, episodes: list[Episode]) -> float:
+        """The objective's loss on this rank's `episodes` and the other ranks', without a step."""
+        self.model.module.eval()
+        total = norm = 0.0
+        with torch.no_grad():
+            for chunk, real in micro_batches(episodes, self.cfg.micro_batch_size):
+                batch = collate(chunk, self.pad_id)
+                _, loss, _ = self.forward(batch)
+                weight = self._normaliser(batch) if real else 0.0
+                total, norm = total + float(loss) * weight, norm + weight
+        return all_sum(total) / max(all_sum(norm), 1.0)
+
+    def logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Per-token logprobs of each (prompt ids, completion ids) under the current weights,
+        `micro_batch_size` sequences per forward pass."""
+        self.model.module.eval()
+        size = self.cfg.micro_batch_size or max(len(pairs), 1)
+        out: list[list[float]] = []
+        for start in range(0, len(pairs), size):
+            input_ids, mask = pad_sequences(pairs[start : start + size], self.pad_id)
+            with torch.no_grad(), self.model.precision():
+                logprobs = token_logprobs(
+                    self.model.module,
+                    self.model.to_device(input_ids),
+                    self.cfg.temperature,
+                    self.cfg.logits_chunk_tokens,
+                    first_position(mask),
+                )
+            out.extend(gather_tokens(logprobs.cpu(), mask))
+        return out
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """This micro-batch's per-token logprobs, its loss (normalised by its own `_normaliser`)
+        and the objective's metrics."""
+        input_ids = self.model.to_device(batch.input_ids)
+        chunk, temperature = self.cfg.logits_chunk_tokens, self.cfg.temperature
+        top = None
+        first = first_position(batch.mask)
+        with self.model.precision():
+            if batch.teacher_top_ids is None:
+                logprobs = token_logprobs(self.model.module, input_ids, temperature, chunk, first)
+            else:
+                candidates = self.model.to_device(batch.teacher_top_ids)
+                logprobs, top = candidate_logprobs(
+                    self.model.module, input_ids, candidates, temperature, chunk, first
+                )
+        loss, metrics = self._loss(logprobs, batch, top)
+        return logprobs, loss, metrics
+
+    def _sync_gradients(self, last: bool) -> None:
+        """FSDP reduces gradients after the last micro-batch only; before, it accumulates."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model.module, FSDPModule):
+            self.model.module.set_requires_gradient_sync(last)
+
+    def _loss(
+        self, logprobs: torch.Tensor, batch: Batch, top: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The objective's loss over a micro-batch (normalised by `_normaliser`) and its
+        metrics. `top`: the trainer's logprobs of the teacher's top k tokens, or None."""
+        inputs = ObjectiveInputs(
+            logprobs=logprobs,
+            mask=self.model.to_device(batch.mask),
+            behaviour_logprobs=self.model.to_device(batch.behaviour_logprobs),
+            advantages=self.model.to_device(batch.advantages),
+            ref_logprobs=self._optional(batch.ref_logprobs),
+            teacher_logprobs=self._optional(batch.teacher_logprobs),
+            teacher_top_logprobs=self._optional(batch.teacher_top_logprobs),
+            student_top_logprobs=top,
+        )
+        return OBJECTIVES[self.cfg.objective](inputs, self.cfg.loss)
+
+    def _normaliser(self, batch: Batch) -> float:
+        """What the loss of `batch` is an average over: its completion tokens (token_mean) or
+        its non-empty sequences. Weighting each micro-batch's loss by it, over the global sum,
+        gives the loss of the whole batch."""
+        if self.cfg.loss.aggregation == "token_mean":
+            return float(batch.mask.sum())
+        return float(batch.mask.any(-1).sum())
+
+    def _optional(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else self.model.to_device(tensor)
+
+    def _clip_and_step(self) -> torch.Tensor:
+        from torchtitan.distributed import utils as dist_utils
+
+        params = self.model.trained_parameters()
+        grad_norm = dist_utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm

@@ -1,0 +1,72 @@
+"""The trainer as the loop calls it: one method per trainer endpoint, each called on every rank
+(data-parallel ranks take part in every collective) and returning rank 0's value.
+
+A method an editor can follow to `TitanTrainer`'s endpoint of the same name replaces a
+string dispatch; a trainer process that dies during a call raises TrainerDied, which the loop
+answers by respawning the trainer from its checkpoint.
+"""
+
+from collections.abc import Awaitable
+from typing import Any
+
+from forge.controller import SupervisionError
+from forge.data.episode import Episode
+
+
+class TrainerDied(RuntimeError):
+    """The trainer's process died during a call; the run respawns it from its checkpoint."""
+
+
+class TrainerHandle:
+    """Calls on a running `TitanTrainer` mesh (`forge.actors.trainer`); see its endpoints.
+
+    Args:
+        mesh: the trainer's actor mesh, kept as `mesh` (metrics pulls, stopping it).
+    """
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    async def train_step(
+        self, batches: list[list[Episode]], policy_version: int | None = None
+    ) -> dict[str, float]:
+        return await _rank0(self.mesh.train_step.call(batches, policy_version), "train_step")
+
+    async def eval_loss(self, batches: list[list[Episode]]) -> float:
+        return await _rank0(self.mesh.eval_loss.call(batches), "eval_loss")
+
+    async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        return await _rank0(self.mesh.compute_logprobs.call(pairs), "compute_logprobs")
+
+    async def calibrate(self, batches: list[list[Episode]]) -> dict[str, float]:
+        return await _rank0(self.mesh.calibrate.call(batches), "calibrate")
+
+    async def push_weights(self, version: int) -> dict[str, float]:
+        return await _rank0(self.mesh.push_weights.call(version), "push_weights")
+
+    async def export_hf(self, path: str, merged: bool = False) -> str:
+        return await _rank0(self.mesh.export_hf.call(path, merged), "export_hf")
+
+    async def save_checkpoint(self, background: bool | None = None) -> float:
+        return await _rank0(self.mesh.save_checkpoint.call(background), "save_checkpoint")
+
+    async def wait_checkpoint(self) -> None:
+        await _rank0(self.mesh.wait_checkpoint.call(), "wait_checkpoint")
+
+    async def get_step(self) -> int:
+        return await _rank0(self.mesh.get_step.call(), "get_step")
+
+    async def use_cores(self, cpus: list[int]) -> list[int]:
+        return await _rank0(self.mesh.use_cores.call(cpus), "use_cores")
+
+    async def cores(self) -> dict[str, Any]:
+        return await _rank0(self.mesh.cores.call(), "cores")
+
+
+async def _rank0(call: Awaitable[Any], what: str) -> Any:
+    try:
+        values = await call
+    except SupervisionError as e:  # Monarch's account of it stays attached as the cause
+        raise TrainerDied(f"a trainer process died during {what}") from e
+    # In rank order; not .item(procs=0): meshes on a launcher's hosts also have "hosts".
+    return next(iter(values.values()))
