@@ -37,8 +37,9 @@ def library_output_to(log: str | Path) -> Path:
     Libraries print in two ways. The actors' processes inherit this kernel's file descriptors
     1 and 2, and Monarch writes the output it forwards from them there too: ipykernel copies
     both into the running cell, so they are pointed at the log. In this process, Python
-    warnings go to the log as well. `print` (forge's lines, the notebook's own) keeps the cell:
-    ipykernel's `sys.stdout` does not write to descriptor 1.
+    warnings go to the log as well. `print` in the kernel (forge's lines, the notebook's own)
+    keeps the cell: ipykernel's `sys.stdout` does not write to descriptor 1. What an actor
+    prints goes to the log, with the libraries' lines of its process.
     """
     global _log
     log = Path(log).resolve()

@@ -103,6 +103,7 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
     # (100 s a phase): once measured, the run drops them from the cache.
     flat = dict.fromkeys(calibration.core_counts(len(ALL)), 100.0)
     calibration.save(key, PhaseCosts(flat, flat, dict.fromkeys(flat, 0.0), 0.0))
+    capsys.readouterr()  # the first run's lines
     run = await start(tmp_path / "second", "placement=auto", "mode=async")
     try:
         trainer_cores = len(ALL) - 1  # ties go to the first split: one generator core

@@ -1,6 +1,8 @@
 """The generator's request layer and engine statistics, without an engine: vLLM's own output
 and stats types, SmolLM2's real tokenizer."""
 
+from types import SimpleNamespace
+
 import pytest
 from transformers import AutoTokenizer
 from vllm.logprobs import Logprob
@@ -80,3 +82,34 @@ def test_engine_stats_count_tokens_between_snapshots_and_time_engine_steps():
     assert snap["step_s"] == pytest.approx(0.2)  # the median: one long interval moves it not
     assert snap["last_step_s"] == pytest.approx(2.5)
     assert stats.snapshot()["tokens_total"] == 35
+
+
+class _Engine:
+    """Answers each request with the next of `outputs`, and counts the requests."""
+
+    def __init__(self, *outputs: CompletionOutput) -> None:
+        self.outputs = list(outputs)
+        self.requests = 0
+
+    async def generate(self, request, params, request_id, lora_request=None):
+        self.requests += 1
+        yield SimpleNamespace(outputs=[self.outputs.pop(0)])
+
+
+@pytest.mark.parametrize("swap_under_way", [True, False])
+async def test_a_request_aborted_while_a_swap_is_under_way_is_continued(swap_under_way):
+    """The swap counted itself before this request started, so the count did not move while it
+    ran: the swap being under way is what says the abort was the swap's."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2())
+    cfg = GeneratorConfig(max_model_len=64, sampling=SamplingConfig(max_tokens=4))
+    aborted = output([], [], [])  # cut before its first token
+    finished = output([5, 6], [-0.1, -0.2], [(1, 0, 2)], finish="stop")
+    engine = _Engine(aborted, finished)
+    requests = Requests(
+        engine, tokenizer, cfg, aborting_swaps=lambda: 1, aborting=lambda: swap_under_way
+    )
+    (completion,) = await requests.generate([1, 2, 3], n=1)
+    if swap_under_way:
+        assert engine.requests == 2 and completion.token_ids == [5, 6]
+    else:  # an abort that no swap made (a cancelled call) ends the request
+        assert engine.requests == 1 and completion.token_ids == []

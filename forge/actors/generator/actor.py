@@ -65,6 +65,7 @@ class Generator(ForgeActor):
             self.cfg,
             lambda: self.updates.aborting_swaps,
             lambda: adapter and adapter.request,
+            lambda: self.updates.aborting,
         )
 
     @property

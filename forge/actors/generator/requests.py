@@ -25,6 +25,8 @@ class Requests:
         cfg: max_model_len and the sampling defaults.
         aborting_swaps: how many weight swaps so far aborted the running requests; a request
             that ends aborted while this moved on was cut by a swap, and is continued.
+        aborting: whether such a swap is under way. A request that started after the swap
+            counted itself but before the engine aborted was cut by it too, and is continued.
         lora: the LoRARequest each request carries now (None: the engine serves no adapter).
     """
 
@@ -35,11 +37,13 @@ class Requests:
         cfg: GeneratorConfig,
         aborting_swaps: Callable[[], int],
         lora: Callable[[], Any] = lambda: None,
+        aborting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.cfg = cfg
         self._aborting_swaps = aborting_swaps
+        self._aborting = aborting
         self._lora = lora
 
     async def generate(
@@ -56,11 +60,14 @@ class Requests:
         completions = []
         for out in final.outputs:
             sample = Sample.of(out)
-            while sample.stop_reason == "abort" and self._aborting_swaps() != epoch:
+            while sample.stop_reason == "abort" and self._cut_by_swap(epoch):
                 epoch = self._aborting_swaps()
                 sample = await self._resume(prompt_ids, sample, params)
             completions.append(sample.completion(prompt_ids, self.tokenizer))
         return completions
+
+    def _cut_by_swap(self, epoch: int) -> bool:
+        return self._aborting() or self._aborting_swaps() != epoch
 
     async def _request(self, prompt_ids: list[int], params: Any) -> Any:
         final = None

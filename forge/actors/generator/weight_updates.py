@@ -53,6 +53,7 @@ class WeightUpdates:
         self.transport = make_transport(cfg.transport)
         self.version = 0
         self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
+        self.aborting = False  # an aborting swap is under way (from its count until resumed)
         self._lock = asyncio.Lock()
         self._staging: ShmFolder | None = None  # rdma, torchstore: versions staged for the engine
 
@@ -95,6 +96,7 @@ class WeightUpdates:
                         await self.engine.update_weight_version(str(version))
                     finally:
                         await self.engine.resume_generation()
+                        self.aborting = False
         except WeightVersionError as e:
             raise type(e)(f"{e}; generator stays on version {self.version}") from None
         done = time.perf_counter()
@@ -179,6 +181,7 @@ class WeightUpdates:
             except TimeoutError:
                 logger.warning("drain outlasted %.0fs: aborting", self.cfg.drain_timeout_s)
                 used = "abort (drain timed out)"
+        self.aborting = True
         self.aborting_swaps += 1
         await self.engine.pause_generation(mode="abort", clear_cache=False)
         return used
