@@ -111,7 +111,7 @@ class Run:
         if self.generator is not None:
             self.generator.on_recover = self.recover_generator
         await self.attach(actors)
-        sources = [self.trainer.mesh if a is actors["trainer"] else a for a in actors.values()]
+        sources = list(actors.values())  # every role's actors: the trainer's mesh too
         # Which hosts each role's processes landed on, for the user (and tests) to check.
         placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
         (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
