@@ -30,10 +30,10 @@ from trainer_memory import matmul_flops
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.loop import calibration
-from forge.loop.pipeline import Prediction
 from forge.models import resolve_model
 from forge.observability.console import say
+from forge.placement import calibration
+from forge.placement.cost_model import Prediction
 
 APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
 STEPS = 6

@@ -180,12 +180,12 @@ def _add_plan(commands: Any) -> None:
 def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge plan`: the placement table of the app's config."""
     # Imported here: it loads Monarch and torch (seconds), which `forge --help` need not.
-    from forge.loop.plan import ClusterShape, plan_run
+    from forge.loop.plan import plan_run
 
     _, cfg = _load_run_config(args, overrides, "plan")
     given = {k: getattr(args, k) for k in ("hosts", "gpus_per_host", "cpus_per_host")}
     shape = dataclasses.replace(
-        ClusterShape.of(cfg.provisioner), **{k: v for k, v in given.items() if v is not None}
+        cfg.provisioner.cluster_shape(), **{k: v for k, v in given.items() if v is not None}
     )
     plan = plan_run(cfg, shape)
     print(plan.table())
@@ -196,13 +196,15 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
 def _predictions(cfg: Any, cores: int) -> str:
     """The pipeline model's table for an RL config on `cores` CPU cores, from the calibration
     cached on this machine (a run under `placement: auto` measures it)."""
-    from forge.loop import calibration
-    from forge.loop.pipeline import fastest, predict, table
+    from forge.loop.config import overlaps
+    from forge.placement import calibration
+    from forge.placement.cost_model import fastest, predict, table
 
-    costs = calibration.load(calibration.cache_key(cfg, cores))
+    costs = calibration.load(calibration.cache_key(cfg.workload(), cores))
     if costs is None:
         return "pipeline model: not calibrated on this machine for this workload yet"
-    options = predict(costs, cores, cfg.mode, cfg.buffer.max_policy_age, cfg.trainer.exact_mismatch)
+    age = cfg.buffer.max_policy_age
+    options = predict(costs, cores, overlaps(cfg.mode, age), age, cfg.trainer.exact_mismatch)
     return f"pipeline model (calibration cached here):\n{table(options, fastest(options))}"
 
 

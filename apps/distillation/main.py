@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
 from forge.data import Completion, Episode
-from forge.loop import Resources, RLConfig, RLLoop, Role
+from forge.loop import RLConfig, RLLoop
 from forge.loop.rl import BusyClock
 from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel
 from forge.observability import Reduce, record_metric
+from forge.placement.roles import Resources, Role
 
 
 @dataclass

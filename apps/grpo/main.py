@@ -13,9 +13,10 @@ import torch
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.data import Completion, Episode
-from forge.loop import RLConfig, RLLoop, Role
+from forge.loop import RLConfig, RLLoop
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
+from forge.placement.roles import Role
 
 
 @dataclass

@@ -119,7 +119,7 @@ class SFT(Run):
         batch = _split(episodes, self.world)
         self.log_batch(step, self.version, batch)
         # The generators serve only the held-out eval: they get weights when it is due.
-        async with self.turns.training():
+        async with self.trainer.turn():  # the step, and eval when due: one turn
             await self.train(batch)
             if self.evaluator is not None and self._eval_due(step):
                 await self.publish(step)

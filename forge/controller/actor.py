@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch.actor import Actor, ProcMesh, endpoint
 
-from forge.controller.placement import apply_cpu_affinity, pin_to_cores
 from forge.controller.provisioner import ProcessConfig, get_provisioner
 from forge.observability.metrics import Accumulator, drain_local
+from forge.placement.cores import apply_forge_cpus, move_to_cores, process_cores
 
 if TYPE_CHECKING:
     from forge.controller.service import Service, ServiceConfig
@@ -60,7 +60,7 @@ class ForgeActor(Actor):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        apply_cpu_affinity()
+        apply_forge_cpus()
         super().__init__(*args, **kwargs)
 
     @endpoint
@@ -75,19 +75,14 @@ class ForgeActor(Actor):
     @endpoint
     async def use_cores(self, cpus: list[int]) -> list[int]:
         """Moves this process onto `cpus` (affinity and thread count); returns its cores."""
-        pin_to_cores(cpus)
-        return sorted(os.sched_getaffinity(0))
+        return move_to_cores(cpus)
 
     @endpoint
     async def cores(self) -> dict[str, Any]:
         """This process's pid, cores and thread count (one entry per process it runs)."""
         import torch
 
-        return {
-            "pid": os.getpid(),
-            "cpus": sorted(os.sched_getaffinity(0)),
-            "threads": torch.get_num_threads(),
-        }
+        return process_cores(torch.get_num_threads())
 
     @endpoint
     async def flush_metrics(self) -> dict[str, Accumulator]:

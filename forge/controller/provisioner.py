@@ -3,7 +3,7 @@
 Three launchers give it hosts: `local` (this machine, `this_host()`), `process` (several
 hosts emulated on this machine by `monarch.job.ProcessJob`, for multi-host tests) and `slurm`
 (`monarch.job.SlurmJob`; inside a job that `forge submit` started, the nodes of that job, see
-`submit.py`). Each proc mesh gets its own devices (see `placement.py`).
+`submit.py`). Each proc mesh gets its own devices (see forge/placement/devices.py).
 """
 
 import asyncio
@@ -18,7 +18,9 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.monarch_compat import stop_proc_mesh
-from forge.controller.placement import (
+from forge.controller.slurm_compat import patch_slurm_job
+from forge.controller.submit import AllocationWorkers, in_allocation
+from forge.placement.devices import (
     HostDevices,
     Placement,
     member_view,
@@ -26,8 +28,7 @@ from forge.controller.placement import (
     proc_env,
     release,
 )
-from forge.controller.slurm_compat import patch_slurm_job
-from forge.controller.submit import AllocationWorkers, in_allocation
+from forge.placement.plan import ClusterShape
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,18 @@ class ProvisionerConfig:
     def nodes(self) -> int:
         """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
         return self.hosts if self.on_slurm else 1
+
+    def cluster_shape(self) -> ClusterShape:
+        """The hosts the Provisioner sees: `gpus_per_host` (else SLURM's `gpus_per_node`, else
+        the GPUs torch finds here) and `cpus_per_host` (else the cores this process may run on,
+        which the Provisioner also takes for every host)."""
+        gpus = self.gpus_per_host
+        if gpus is None:
+            gpus = (self.slurm.gpus_per_node or 0) if self.on_slurm else _local_gpu_count()
+        cpus = self.cpus_per_host
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0))
+        return ClusterShape(self.hosts, gpus, cpus)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The loop every app shares: actors, publishing weights, eval, metrics, shutdown."""
 
-from forge.loop.config import EvalConfig, Resources, RLConfig, Role, RunConfig
+from forge.loop.config import EvalConfig, RLConfig, RunConfig
 from forge.loop.evaluation import Evaluator
 from forge.loop.rl import RLLoop
 from forge.loop.run import Run
@@ -12,8 +12,6 @@ __all__ = [
     "Evaluator",
     "RLConfig",
     "RLLoop",
-    "Resources",
-    "Role",
     "Run",
     "RunConfig",
     "RunFinished",

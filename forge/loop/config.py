@@ -1,7 +1,7 @@
 """The config fields every app shares: where the run lives, its actors, their placement, eval."""
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from forge.actors.dataset import DatasetActor
 from forge.actors.generator import Generator, GeneratorConfig
@@ -12,6 +12,7 @@ from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.models.lora import served
 from forge.observability import MetricsConfig
+from forge.placement.roles import Resources, Role
 
 # How an RL run interleaves rollouts and training (RLConfig.mode).
 Mode = Literal["async", "sync"]
@@ -21,44 +22,6 @@ def overlaps(mode: Mode, max_policy_age: int) -> bool:
     """Whether a batch may be generated while the one before trains: async, with batches
     allowed to be a version old."""
     return mode == "async" and max_policy_age >= 1
-
-
-@dataclass
-class Resources:
-    """Processes for one role: how many, and which devices (see ForgeActor.options)."""
-
-    procs: int = 1
-    hosts: int | None = None
-    num_replicas: int = 1
-    with_gpus: bool = False
-    cpus_per_proc: int = 0
-    env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Role:
-    """One purpose a run starts processes for: what runs there and on which resources. A run's
-    roles (`RunConfig.roles()`) are what the placement plan places and what `Run.start`
-    spawns, in that order.
-
-    Args:
-        name: what it runs ("generator", "trainer", ...): the key of its handle.
-        actor: the ForgeActor class its processes run.
-        args: the arguments the actor is built with (its config).
-        resources: its processes and devices.
-        key: the config key that sets `resources`; None where the app fixes them.
-        service: a Service of `resources.num_replicas` replicas (routed, respawned), else one
-            actor mesh.
-        group: a device group it shares with other roles (colocation; set by the plan).
-    """
-
-    name: str
-    actor: type
-    args: tuple[Any, ...]
-    resources: Resources = field(default_factory=Resources)
-    key: str | None = None
-    service: bool = False
-    group: str | None = None
 
 
 @dataclass
@@ -236,3 +199,14 @@ class RLConfig(RunConfig):
 
     def generates(self) -> bool:
         return True  # its training data
+
+    def workload(self) -> tuple[object, ...]:
+        """What the phase costs of a step depend on besides the machine, its cores and the
+        code: the models, the shape of a step, the trainer's settings (the calibration cache's
+        key, forge.placement.calibration)."""
+        t, s = self.trainer, self.generator.sampling
+        return (
+            self.generator.model, self.generator.dtype, t.model, t.dtype, self.buffer.batch_size,
+            self.group_size, s.max_tokens, self.data.path or self.data.task, t.micro_batch_size,
+            t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
+        )  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 from forge.data.datasets import DataConfig, PromptDataset, Row, open_dataset
 from forge.loop.config import EvalConfig
-from forge.loop.turns import Turns
+from forge.loop.generator_handle import GeneratorHandle
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -69,23 +69,20 @@ class Evaluator:
 
     Args:
         rows: the held-out dataset rows (forge.data.datasets layout).
-        generator: the generator service.
+        generator: the generators (their handle takes the colocated generating turn).
         reward: the reward service.
         max_tokens: generation budget per answer.
         path: the eval.jsonl file (appended).
-        turns: colocated placement's turns: eval generates in generation's turn.
     """
 
     def __init__(
         self,
         rows: list[dict],
-        generator: Any,
+        generator: GeneratorHandle,
         reward: Any,
         max_tokens: int,
         path: Path,
-        turns: Turns | None = None,
     ) -> None:
-        self.turns = turns or Turns(enabled=False)
         self.rows = rows
         self.generator = generator
         self.reward = reward
@@ -135,10 +132,9 @@ class Evaluator:
         return result
 
     async def _answer(self, row: dict) -> list:
-        async with self.turns.generating():
-            return await self.generator.generate.route(
-                row["prompt"], n=1, sampling=self.sampling, purpose="eval"
-            )
+        return await self.generator.generate(
+            row["prompt"], n=1, sampling=self.sampling, purpose="eval"
+        )
 
     def _record(self, result: dict[str, Any]) -> None:
         self.results.append(result)

@@ -10,8 +10,6 @@ it): the baseline async mode is measured against, and the same data as async mod
 """
 
 import asyncio
-import json
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,19 +17,14 @@ from typing import Any
 from forge.data.admission import AdmissionGate
 from forge.data.completion import Completion
 from forge.data.episode import Episode
-from forge.loop import calibration
 from forge.loop.config import RLConfig, overlaps
-from forge.loop.pipeline import Prediction, fastest, predict, table
 from forge.loop.run import Run
 from forge.loop.trainer_handle import TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
+from forge.placement.calibration import Workload
 
 MAX_FAILURES_IN_A_ROW = 10
-MEASURED_STEPS = 3  # steps after the first whose median is printed beside the prediction
-# A measured figure further than this from the prediction means the costs no longer describe
-# the machine (its speed drifts between hours and days): they are dropped from the cache.
-STALE_COSTS = 0.2
 
 
 class RLLoop(Run):
@@ -51,9 +44,6 @@ class RLLoop(Run):
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
-        self.prediction: Prediction | None = None  # the placement's predicted cost
-        self.costs_key: str | None = None  # the calibration cache entry it came from
-        self.step_seconds: list[float] = []  # wall time of each step of this process
         self.step_ended = 0.0
 
     async def attach(self, actors: dict[str, Any]) -> None:
@@ -64,106 +54,60 @@ class RLLoop(Run):
 
     async def start(self) -> "RLLoop":
         await super().start()
-        if self.turns.enabled and self.cfg.asynchronous:
-            # Colocated phases take turns: generating further ahead than the next batch would
-            # overlap nothing and only make the data older. Async runs as sync does.
-            self.gate.lower_max_policy_age(0)
+        bound = self.placer.max_policy_age(self.gate.max_policy_age)
+        if self.cfg.asynchronous and bound < self.gate.max_policy_age:
+            self.gate.lower_max_policy_age(bound)  # colocated: async runs as sync does
         # Batches may be a version old: the generators' move need not hold up the trainer.
         self.overlap_updates = overlaps(self.cfg.mode, self.gate.max_policy_age)
         return self
 
     async def fit_placement(self) -> None:
-        """Predicts the placement's seconds per step from the phase costs of this machine and
-        workload (docs/placement.md).
-
-        Under `placement: auto` on CPU, the costs are measured now unless cached, and generator
-        and trainer move onto the placement predicted fastest. An explicit placement is
-        predicted when the costs are cached. The prediction and the choice are printed, and
-        written to run_dir/pipeline.json, where the measured figure joins them later.
-        """
-        cfg, auto = self.cfg, self.plan.auto
-        if auto and not self.turns.enabled:
-            return  # auto kept the configured split (GPUs, several hosts): nothing to fit
-        cpus = (await self.generator.cores.fanout())[0]["cpus"]
-        if not self.turns.enabled:  # explicit split: the costs are for the cores of both
-            cpus = sorted({*cpus, *(await self.trainer.cores())["cpus"]})
-        costs, source = await self._phase_costs(cpus, measure=auto)
-        if costs is None:
-            return
-        exact = cfg.trainer.exact_mismatch
-        options = predict(costs, len(cpus), cfg.mode, cfg.buffer.max_policy_age, exact)
-        self.prediction = fastest(options) if auto else self._configured(options)
-        if self.prediction is None:
-            return
-        if auto:
-            await self._apply(self.prediction, cpus)
-        say(
-            f"placement {cfg.placement} ({source}): {self.prediction.label}\n"
-            + table(options, self.prediction)
+        """The placer predicts the placement's cost on this machine and, under
+        `placement: auto`, moves generator and trainer onto the fastest (`Placer.fit`);
+        calibration runs this run's own rollouts, training passes and weight syncs."""
+        cfg = self.cfg
+        work = Workload(
+            rollouts=self._calibration_rollouts,
+            train_costs=self._train_costs,
+            sync_away=self._sync_away,
+            sync_back=self.sync_generators,
+            forget_records=self.logger.discard,
         )
-        self._write_pipeline(
-            {
-                "costs": vars(costs),
-                "options": [vars(o) for o in options],
-                "chosen": vars(self.prediction),
-            }
+        age = cfg.buffer.max_policy_age
+        await self.placer.fit(
+            self.generator,
+            self.trainer,
+            work,
+            cfg.workload(),
+            overlap=overlaps(cfg.mode, age),
+            max_policy_age=age,
+            exact_mismatch=cfg.trainer.exact_mismatch,
         )
 
-    async def _phase_costs(self, cpus: list[int], measure: bool) -> tuple[Any, str]:
-        """The cached costs on `cpus`, else (if `measure`) measured now and cached; and
-        where they came from."""
-        key = self.costs_key = calibration.cache_key(self.cfg, len(cpus))
-        costs = calibration.load(key)
-        if costs is not None or not measure:
-            return costs, "cached"
-        start = time.perf_counter()
-        say(f"placement auto: calibrating on {len(cpus)} cores (cached once measured)")
-        costs = await calibration.measure(self, cpus)
-        calibration.save(key, costs)
-        await self.logger.discard()  # the calibration's rollouts belong to no step
-        return costs, f"calibrated in {time.perf_counter() - start:.0f}s"
+    async def _calibration_rollouts(self, groups: int | None, seed_base: int) -> list[Episode]:
+        """One batch of the run's rollouts (or `groups` groups), scored, seeds from
+        `seed_base`."""
+        cfg = self.cfg
+        groups = groups or cfg.buffer.batch_size // cfg.group_size
 
-    def _configured(self, options: list[Prediction]) -> Prediction | None:
-        """The prediction of the placement the config sets, if the model covers it."""
-        if self.turns.enabled:
-            return options[0]
-        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
-        cores = (g.cpus_per_proc * g.procs, t.cpus_per_proc * t.procs)
-        split = [o for o in options[1:] if (o.generator_cores, o.trainer_cores) == cores]
-        return split[0] if split else None
+        async def one(group: int) -> list[Episode]:
+            row = await self.dataset.nth.call_one(group)
+            sampling = {"seed": seed_base + group * cfg.group_size}
+            completions = await self.generator.generate(
+                row["prompt"], n=cfg.group_size, sampling=sampling
+            )
+            return await self.score(group, row, completions)
 
-    async def _apply(self, chosen: Prediction, cpus: list[int]) -> None:
-        """Moves generator and trainer onto `chosen`'s cores: a split gives the trainer the
-        first cores and the generator the rest, and ends the turns."""
-        if chosen.colocated:
-            return
-        t = chosen.trainer_cores
-        self.cores = {"trainer": cpus[:t], "generator": cpus[t:]}  # respawns move there too
-        await self.trainer.use_cores(self.cores["trainer"])
-        await self.generator.use_cores.fanout(self.cores["generator"])
-        self.turns.enabled = False
+        return [e for group in await asyncio.gather(*map(one, range(groups))) for e in group]
 
-    def _report_measured(self) -> None:
-        """After MEASURED_STEPS steps past the first, prints their median beside the
-        prediction (the first step also waits for the first batch); drops the cached costs
-        it came from when the two are more than STALE_COSTS apart."""
-        if self.prediction is None or len(self.step_seconds) != MEASURED_STEPS + 1:
-            return
-        measured = statistics.median(self.step_seconds[1:])
-        predicted = self.prediction.seconds_per_step
-        say(
-            f"placement {self.prediction.label}: measured {measured:.1f} s/step (median of "
-            f"{MEASURED_STEPS} steps), predicted {predicted:.1f} ({measured / predicted:.2f}x)"
-        )
-        self._write_pipeline({"measured_s_per_step": measured})
-        if abs(measured / predicted - 1) > STALE_COSTS:
-            calibration.forget(self.costs_key)
-            say("placement: the cached phase costs are dropped; the next auto run measures them")
+    async def _train_costs(self, episodes: list[Episode]) -> dict[str, float]:
+        """The trainer's timed passes on `episodes`, dealt to its data-parallel ranks."""
+        return await self.trainer.calibrate([episodes[r :: self.world] for r in range(self.world)])
 
-    def _write_pipeline(self, update: dict[str, Any]) -> None:
-        path = self.run_dir / "pipeline.json"
-        data = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps({**data, **update}, indent=1) + "\n")
+    async def _sync_away(self) -> None:
+        """A scratch version of the same weights, published and taken by every generator."""
+        await self.trainer.push_weights(self.version + 1)
+        await self.generator.update_weights(self.version + 1)
 
     # --- rollouts -----------------------------------------------------------------------------
 
@@ -205,10 +149,11 @@ class RLLoop(Run):
         """One prompt, G samples, scored by the app."""
         row = await self.dataset.nth.call_one(group)
         seed = self.cfg.seed * 1_000_003 + group * self.cfg.group_size
-        # Scoring too: a teacher model's pass must not run while a colocated trainer does.
-        async with self.turns.generating():
+        # Scoring in the same turn: a teacher model's pass must not run while a colocated
+        # trainer does.
+        async with self.generator.turn():
             async with self.busy:
-                completions = await self.generator.generate.route(
+                completions = await self.generator.generate(
                     row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
                 )
             episodes = await self.score(group, row, completions)
@@ -285,7 +230,7 @@ class RLLoop(Run):
             sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
         ]
         self.log_batch(step, self.version, batch)
-        async with self.turns.training():
+        async with self.trainer.turn():  # the step and the generators' update: one turn
             start = time.perf_counter()
             metrics = await self.train(batch, policy_version=self.version)
             busy = time.perf_counter() - start + await self.publish(step)
@@ -356,9 +301,8 @@ class RLLoop(Run):
                 continue
             record_metric("generator/idle_fraction", self.busy.idle_fraction())
             logged.append(await self.log_step(step, self.started))
-            self.step_seconds.append(time.perf_counter() - self.step_ended)
+            self.placer.measured(time.perf_counter() - self.step_ended)
             self.step_ended = time.perf_counter()
-            self._report_measured()
             if on_step is not None:
                 on_step(step, logged[-1])
         return logged

@@ -28,13 +28,13 @@ from forge.controller import get_provisioner, init_provisioner, shutdown
 from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.episode import Episode
 from forge.data.rewards import check_columns, resolve_reward
-from forge.loop.config import Resources, RunConfig
+from forge.loop.config import RunConfig
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
-from forge.loop.plan import GROUP, plan_run
+from forge.loop.generator_handle import GeneratorHandle
+from forge.loop.plan import plan_run
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.loop.spawn import spawn_role, spawn_roles
 from forge.loop.trainer_handle import TrainerDied, TrainerHandle
-from forge.loop.turns import Turns
 from forge.observability import (
     MetricLogger,
     Reduce,
@@ -44,6 +44,8 @@ from forge.observability import (
     record_metric,
 )
 from forge.observability.console import say
+from forge.placement.placer import Placer
+from forge.placement.plan import GROUP
 from forge.weights.shm_folders import claim_for_run
 from forge.weights.transport import delete_older_than, make_transport
 
@@ -70,8 +72,6 @@ class Run:
         # (data one version older meanwhile); set by loops whose batches may be that old.
         self.overlap_updates = False
         self._update: asyncio.Future | None = None  # that move, while it runs
-        # Cores generator and trainer were moved to after they started (auto placement).
-        self.cores: dict[str, list[int]] | None = None
 
     # --- start --------------------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ class Run:
         # each fails here, before the folder or a process.
         self.plan = plan_run(cfg)
         self.data, self.held_out = self.open_data()
-        self.turns = Turns(enabled=self.plan.colocated)
+        self.placer = Placer(self.plan, say, self.run_dir / "pipeline.json")
         resumed = self.checkpointed = self.folder.open(cfg, cfg.resume)
         self.folder.rewind(resumed)
         self.started = time.perf_counter()
@@ -106,10 +106,13 @@ class Run:
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
         self.timeline_log = (self.run_dir / "timeline.jsonl").open("a")
         actors = await spawn_roles(self.plan.roles)
-        self.trainer = TrainerHandle(actors["trainer"])
-        self.generator, self.reward = actors.get("generator"), actors.get("reward")
-        if self.generator is not None:
-            self.generator.on_recover = self.recover_generator
+        # The handles take the colocated turns: no caller can forget them.
+        self.trainer = TrainerHandle(actors["trainer"], self.placer.turns)
+        self.generator: GeneratorHandle | None = None
+        if "generator" in actors:
+            self.generator = GeneratorHandle(actors["generator"], self.placer.turns)
+            self.generator.service.on_recover = self.recover_generator
+        self.reward = actors.get("reward")
         await self.attach(actors)
         sources = list(actors.values())  # every role's actors: the trainer's mesh too
         # Which hosts each role's processes landed on, for the user (and tests) to check.
@@ -132,7 +135,7 @@ class Run:
             metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
         self.logger = MetricLogger.from_config(self.run_dir, metrics, sources=sources)
         await self.fit_placement()
-        say(self.placement_line())
+        say(self.placer.line())
         if self.held_out is not None:
             self.evaluator = Evaluator(
                 self.held_out.rows,
@@ -140,7 +143,6 @@ class Run:
                 self.reward,
                 cfg.eval.max_tokens,
                 self.run_dir / "eval.jsonl",
-                self.turns,
             )
             self.held_out.write(self.run_dir / "eval_rows.jsonl")
             if not resumed:
@@ -151,12 +153,12 @@ class Run:
         """A respawned generator replica catches up to the newest weights, and to the cores
         its placement moved it to, before taking traffic."""
         await actor.load_latest.call()
-        if self.cores is not None:
-            await actor.use_cores.call(self.cores["generator"])
+        if (cpus := self.placer.cores_of("generator")) is not None:
+            await actor.use_cores.call(cpus)
 
     async def fit_placement(self) -> None:
         """Settles where generator and trainer run once both are up, before the first eval;
-        loops that measure and move them override it (forge.loop.rl)."""
+        loops that measure and move them override it (forge.loop.rl: `Placer.fit`)."""
 
     def summary(self) -> str:
         """The start-up line, said before anything starts: what trains on which rows, where
@@ -170,21 +172,6 @@ class Run:
             f"{type(self).__name__}: {self.cfg.trainer.model}, {self.cfg.steps} steps | {data}"
             f"{held_out} | run folder {self.run_dir}"
         )
-
-    def placement_line(self) -> str:
-        """Where generator and trainer run, said once `fit_placement` has settled it."""
-        if self.cores is not None:  # moved: a core list each
-            return (
-                f"placement split: generator cores {self.cores['generator']}, trainer cores "
-                f"{self.cores['trainer']}"
-            )
-        trainer = f"trainer {_placement(self.plan.resources('trainer'))}"
-        if self.generator is None:
-            return f"placement: {trainer}, no generator"
-        generator = f"generator {_placement(self.plan.resources('generator'))}"
-        if self.turns.enabled:
-            return f"placement colocated (shared, taking turns): {generator}, {trainer}"
-        return f"placement split: {generator}, {trainer}"
 
     def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
         """The training rows and the eval rows, checked against the reward functions' columns.
@@ -247,7 +234,7 @@ class Run:
 
     async def _update_generators(self, step: int, version: int) -> None:
         start = time.perf_counter()
-        updates = await self.generator.update_weights.fanout(version)
+        updates = await self.generator.update_weights(version)
         record_metric("weights/update_s", time.perf_counter() - start)
         # Per generator: the drain before its swap (nothing new admitted), then the swap
         # (engine stopped); the slowest generator's.
@@ -275,7 +262,7 @@ class Run:
             return
         await self.wait_for_update()
         await self.trainer.push_weights(self.version)
-        await self.generator.update_weights.fanout(self.version)
+        await self.generator.update_weights(self.version)
         for version in await self.transport.versions():
             if version != self.version:
                 await self.transport.delete(version)
@@ -321,9 +308,9 @@ class Run:
         start, died_at = time.perf_counter(), self.version
         old = self.trainer.mesh
         await get_provisioner().stop_actor(old)
-        self.trainer = TrainerHandle(await spawn_role(self.plan.role("trainer")))
-        if self.cores is not None:
-            await self.trainer.use_cores(self.cores["trainer"])
+        self.trainer = TrainerHandle(await spawn_role(self.plan.role("trainer")), self.placer.turns)
+        if (cpus := self.placer.cores_of("trainer")) is not None:
+            await self.trainer.use_cores(cpus)
         self.logger.sources = [self.trainer.mesh if s is old else s for s in self.logger.sources]
         self.version = self.checkpointed = await self.trainer.get_step()
         await self.sync_generators()
@@ -363,9 +350,9 @@ class Run:
             record_metric("generator/deaths", m["deaths"], Reduce.SUM)
             record_metric("generator/recoveries", m["recoveries"], Reduce.SUM)
             record_metric("generator/hangs", m["hangs"], Reduce.SUM)
-        stats = await self.generator.stats.fanout()
+        stats = await self.generator.stats()
         record_metric("generator/tokens_per_s", sum(s["tokens_per_s"] for s in stats))
-        for i, spans in enumerate(await self.generator.busy_spans.fanout()):
+        for i, spans in enumerate(await self.generator.busy_spans()):
             for purpose, begin, end in spans:
                 self.log_span(step, f"generator {i}", _BUSY[purpose], begin, end)
 
@@ -455,11 +442,3 @@ class Run:
 
 # A generator's busy intervals on the timeline, by the purpose of its calls.
 _BUSY = {"rollout": "generate", "eval": "eval"}
-
-
-def _placement(r: Resources) -> str:
-    """`2 replicas x 1 proc (1 core each)`, `2 procs (GPUs)`, `1 proc (any core)`."""
-    cores = f"{r.cpus_per_proc} core{'s' if r.cpus_per_proc > 1 else ''} each"
-    where = "GPUs" if r.with_gpus else cores if r.cpus_per_proc else "any core"
-    replicas = f"{r.num_replicas} replicas x " if r.num_replicas > 1 else ""
-    return f"{replicas}{r.procs} proc{'s' if r.procs > 1 else ''} ({where})"

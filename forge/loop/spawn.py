@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from forge.controller import get_provisioner
-from forge.loop.config import Role
+from forge.placement.roles import Role
 
 
 async def spawn_roles(roles: Sequence[Role]) -> dict[str, Any]:

@@ -3,14 +3,18 @@
 
 A method an editor can follow to `TitanTrainer`'s endpoint of the same name replaces a
 string dispatch; a trainer process that dies during a call raises TrainerDied, which the loop
-answers by respawning the trainer from its checkpoint.
+answers by respawning the trainer from its checkpoint. Every call that computes on the
+trainer's devices takes the training turn (forge.placement.turns), so a colocated generator
+never runs meanwhile, whoever calls.
 """
 
 from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from forge.controller import SupervisionError
 from forge.data.episode import Episode
+from forge.placement.turns import Turns
 
 
 class TrainerDied(RuntimeError):
@@ -22,27 +26,39 @@ class TrainerHandle:
 
     Args:
         mesh: the trainer's actor mesh, kept as `mesh` (metrics pulls, stopping it).
+        turns: the colocated turns (the run's placer's); None: a trainer alone on its devices.
     """
 
-    def __init__(self, mesh: Any) -> None:
+    def __init__(self, mesh: Any, turns: Turns | None = None) -> None:
         self.mesh = mesh
+        self.turns = turns or Turns(enabled=False)
+
+    def turn(self) -> AbstractAsyncContextManager[None]:
+        """The training turn held over several calls (a step and its weight update): the
+        calls inside find it held. Each call takes it anyway, so forgetting it is safe."""
+        return self.turns.training()
 
     async def train_step(
         self, batches: list[list[Episode]], policy_version: int | None = None
     ) -> dict[str, float]:
-        return await _rank0(self.mesh.train_step.call(batches, policy_version), "train_step")
+        async with self.turns.training():
+            return await _rank0(self.mesh.train_step.call(batches, policy_version), "train_step")
 
     async def eval_loss(self, batches: list[list[Episode]]) -> float:
-        return await _rank0(self.mesh.eval_loss.call(batches), "eval_loss")
+        async with self.turns.training():
+            return await _rank0(self.mesh.eval_loss.call(batches), "eval_loss")
 
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        return await _rank0(self.mesh.compute_logprobs.call(pairs), "compute_logprobs")
+        async with self.turns.training():
+            return await _rank0(self.mesh.compute_logprobs.call(pairs), "compute_logprobs")
 
     async def calibrate(self, batches: list[list[Episode]]) -> dict[str, float]:
-        return await _rank0(self.mesh.calibrate.call(batches), "calibrate")
+        async with self.turns.training():
+            return await _rank0(self.mesh.calibrate.call(batches), "calibrate")
 
     async def push_weights(self, version: int) -> dict[str, float]:
-        return await _rank0(self.mesh.push_weights.call(version), "push_weights")
+        async with self.turns.training():
+            return await _rank0(self.mesh.push_weights.call(version), "push_weights")
 
     async def export_hf(self, path: str, merged: bool = False) -> str:
         return await _rank0(self.mesh.export_hf.call(path, merged), "export_hf")
@@ -61,6 +77,10 @@ class TrainerHandle:
 
     async def cores(self) -> dict[str, Any]:
         return await _rank0(self.mesh.cores.call(), "cores")
+
+    async def cpus(self) -> list[int]:
+        """Rank 0's cores."""
+        return (await self.cores())["cpus"]
 
 
 async def _rank0(call: Awaitable[Any], what: str) -> Any:

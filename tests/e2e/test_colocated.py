@@ -16,8 +16,9 @@ import pytest
 
 from forge.cli import import_app
 from forge.config import load_config
-from forge.loop import calibration
-from forge.loop.pipeline import PhaseCosts, fastest, predict
+from forge.loop.config import overlaps
+from forge.placement import calibration
+from forge.placement.cost_model import PhaseCosts, fastest, predict
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tm
     run = await start(tmp_path, "placement=colocated", "mode=sync")
     try:
         trainer = await run.trainer.cores()
-        [generator] = await run.generator.cores.fanout()
+        [generator] = await run.generator.cores()
         engine = generator["engine"]
         for process in (trainer, generator, engine):
             assert process["cpus"] == ALL, process
@@ -62,8 +63,7 @@ async def test_colocated_phases_see_every_core_and_the_idle_one_does_not_spin(tm
         generating = [generator["pid"], engine["pid"]]
 
         async def train():
-            async with run.turns.training():
-                await run.trainer.calibrate([batch])  # forward and backward passes
+            await run.trainer.calibrate([batch])  # forward and backward, in the training turn
 
         async def generate():
             await run.rollout(0)
@@ -86,12 +86,13 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
     run = await start(tmp_path / "first", "placement=auto")
     try:
         pipeline = json.loads((run.run_dir / "pipeline.json").read_text())
-        key = calibration.cache_key(run.cfg, len(ALL))
+        key = calibration.cache_key(run.cfg.workload(), len(ALL))
         costs = calibration.load(key)
         assert costs is not None and set(costs.generate_s) == set(costs.train_s) == {1, 2}
-        options = predict(costs, len(ALL), run.cfg.mode, run.cfg.buffer.max_policy_age, True)
+        age = run.cfg.buffer.max_policy_age
+        options = predict(costs, len(ALL), overlaps(run.cfg.mode, age), age, True)
         assert pipeline["chosen"] == vars(fastest(options))
-        assert run.turns.enabled == (pipeline["chosen"]["placement"] == "colocated")
+        assert run.placer.colocated == (pipeline["chosen"]["placement"] == "colocated")
         await run.steps(4)  # the measured figure joins the prediction after the 4th step
         measured = json.loads((run.run_dir / "pipeline.json").read_text())
         assert measured["measured_s_per_step"] > 0
@@ -107,9 +108,10 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
     run = await start(tmp_path / "second", "placement=auto", "mode=async")
     try:
         trainer_cores = len(ALL) - 1  # ties go to the first split: one generator core
-        assert run.prediction.label == f"split 1+{trainer_cores}" and not run.turns.enabled
+        assert run.placer.prediction.label == f"split 1+{trainer_cores}"
+        assert not run.placer.colocated
         trainer = await run.trainer.cores()
-        [generator] = await run.generator.cores.fanout()
+        [generator] = await run.generator.cores()
         assert (trainer["cpus"], trainer["threads"]) == (ALL[:trainer_cores], trainer_cores)
         assert generator["cpus"] == generator["engine"]["cpus"] == ALL[trainer_cores:]
         assert generator["engine"]["threads"] == 1
@@ -127,7 +129,7 @@ async def test_auto_calibrates_once_picks_the_fastest_and_moves_the_processes(
         assert start_line < decided < said.index(placed)
         await run.steps(4)  # trains on the split; the measured figure is far from 100 s
         measured = json.loads((run.run_dir / "pipeline.json").read_text())
-        assert measured["measured_s_per_step"] < 0.8 * run.prediction.seconds_per_step
+        assert measured["measured_s_per_step"] < 0.8 * run.placer.prediction.seconds_per_step
         assert calibration.load(key) is None
     finally:
         await run.close()

@@ -16,7 +16,8 @@ from helper_runs import finish, forge_run, metrics
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.loop.plan import ClusterShape, plan_run
+from forge.loop.plan import plan_run
+from forge.placement.plan import ClusterShape
 
 ROOT = Path(__file__).parents[2]
 TINY = "configs/grpo/tiny_cpu.yaml"

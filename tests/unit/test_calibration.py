@@ -1,12 +1,12 @@
-"""The calibration cache and the core counts it measures (forge/loop/calibration.py); the
+"""The calibration cache and the core counts it measures (forge/placement/calibration.py); the
 measurement itself runs in tests/e2e/test_colocated.py."""
 
 from pathlib import Path
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.loop import calibration
-from forge.loop.pipeline import PhaseCosts
+from forge.placement import calibration
+from forge.placement.cost_model import PhaseCosts
 
 ROOT = Path(__file__).parents[2]
 
@@ -38,18 +38,18 @@ def test_costs_round_trip_through_the_cache(tmp_path, monkeypatch):
 
 
 def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
-    key = calibration.cache_key(config(), 2)
-    assert calibration.cache_key(config("steps=99", "run_dir=elsewhere"), 2) == key
-    assert calibration.cache_key(config(), 4) != key
+    key = calibration.cache_key(config().workload(), 2)
+    assert calibration.cache_key(config("steps=99", "run_dir=elsewhere").workload(), 2) == key
+    assert calibration.cache_key(config().workload(), 4) != key
     for changed in ("buffer.batch_size=64", "generator.sampling.max_tokens=64",
                     "trainer.micro_batch_size=4", "trainer.model=tiny-llama",
                     "trainer.lora.rank=16", "trainer.dtype=bfloat16",
                     "generator.dtype=bfloat16"):  # fmt: skip
-        assert calibration.cache_key(config(changed), 2) != key, changed
+        assert calibration.cache_key(config(changed).workload(), 2) != key, changed
 
 
 def test_costs_measured_with_other_code_are_not_reused(monkeypatch):
-    key = calibration.cache_key(config(), 2)
+    key = calibration.cache_key(config().workload(), 2)
     assert calibration.code_version() in key
     monkeypatch.setattr(calibration, "code_version", lambda: "edited")  # a source file changed
-    assert calibration.cache_key(config(), 2) != key
+    assert calibration.cache_key(config().workload(), 2) != key

@@ -1,6 +1,7 @@
-"""The placement plan (forge/loop/plan.py): every shipped config fits the cluster it is written
-for, each kind of impossible resource config is one line naming its keys, and the plan is what
-Run.start gets from the Provisioner (its spawning run against hosts that start no process)."""
+"""The placement plan (forge/placement/plan.py, with the run's checks in forge/loop/plan.py):
+every shipped config fits the cluster it is written for, each kind of impossible resource
+config is one line naming its keys, and the plan is what Run.start gets from the Provisioner
+(its spawning run against hosts that start no process)."""
 
 import asyncio
 import sys
@@ -13,7 +14,8 @@ import forge.controller.provisioner as provisioner
 import forge.loop.run as run_module
 from forge.cli import load_app, main
 from forge.config import ConfigError, load_config
-from forge.loop.plan import ClusterShape, PlanError, plan_run
+from forge.loop.plan import plan_run
+from forge.placement.plan import ClusterShape, PlanError
 
 ROOT = Path(__file__).parents[2]
 APPS = {"grpo": "grpo", "distillation": "distillation", "sft": "sft"}  # config folder -> app
@@ -176,9 +178,9 @@ def test_the_loader_refuses_what_a_field_alone_cannot_hold(overrides, error):
 
 def test_the_shape_of_a_config_is_the_provisioners():
     cfg = config("grpo/qwen3_slurm", "provisioner.cpus_per_host=64")
-    assert ClusterShape.of(cfg.provisioner) == ClusterShape(4, 8, 64)
+    assert cfg.provisioner.cluster_shape() == ClusterShape(4, 8, 64)
     cfg = config("grpo/qwen3_slurm", "provisioner.slurm.gpus_per_node=null")
-    assert ClusterShape.of(cfg.provisioner).gpus_per_host == 0
+    assert cfg.provisioner.cluster_shape().gpus_per_host == 0
     with pytest.raises(PlanError, match="trainer_resources.with_gpus is true"):
         plan_run(cfg)
 
@@ -387,8 +389,8 @@ def test_forge_plan_refuses_an_impossible_config_with_one_line(capsys):
 def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
     capsys, tmp_path, monkeypatch
 ):
-    from forge.loop import calibration
-    from forge.loop.pipeline import PhaseCosts
+    from forge.placement import calibration
+    from forge.placement.cost_model import PhaseCosts
 
     monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "calibration.json")
     cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
@@ -398,7 +400,7 @@ def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
         "pipeline model: not calibrated on this machine for this workload yet"
     )
     costs = PhaseCosts({1: 2.0, 2: 1.5}, {1: 20.0, 2: 11.0}, {1: 0.0, 2: 0.0}, 0.5)
-    calibration.save(calibration.cache_key(config("grpo/smollm2_cpu"), 2), costs)
+    calibration.save(calibration.cache_key(config("grpo/smollm2_cpu").workload(), 2), costs)
     main(["plan", GRPO, "--config", cpu, *shape])
     lines = capsys.readouterr().out.splitlines()
     assert lines[-3] == "pipeline model (calibration cached here):"

@@ -27,9 +27,9 @@ from forge.actors.generator.engine_stats import EngineStats
 from forge.actors.generator.requests import Requests
 from forge.actors.generator.weight_updates import WeightUpdates
 from forge.controller import ForgeActor, retry_safe
-from forge.controller.placement import pin_to_cores
 from forge.data.completion import Completion
 from forge.models.lora import peft_shapes
+from forge.placement.cores import move_to_cores, process_cores
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +140,9 @@ class Generator(ForgeActor):
     @endpoint
     async def use_cores(self, cpus: list[int]) -> list[int]:
         """Moves this actor and its engine's process onto `cpus`, with as many threads."""
-        pin_to_cores(cpus)
+        mine = move_to_cores(cpus)
         await self.engine.collective_rpc("forge_use_cores", args=(cpus,))
-        return sorted(os.sched_getaffinity(0))
+        return mine
 
     @endpoint
     async def cores(self) -> dict[str, Any]:
@@ -150,12 +150,7 @@ class Generator(ForgeActor):
         import torch
 
         [engine] = await self.engine.collective_rpc("forge_cores")
-        return {
-            "pid": os.getpid(),
-            "cpus": sorted(os.sched_getaffinity(0)),
-            "threads": torch.get_num_threads(),
-            "engine": engine,
-        }
+        return {**process_cores(torch.get_num_threads()), "engine": engine}
 
     @endpoint
     async def busy_spans(self) -> list[tuple[str, float, float]]:

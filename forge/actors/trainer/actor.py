@@ -26,8 +26,8 @@ from forge.actors.trainer.publish import Publisher
 from forge.actors.trainer.training import Training
 from forge.controller import ForgeActor
 from forge.controller.compute_thread import ComputeThread
-from forge.controller.placement import pin_to_cores
 from forge.data.episode import Episode
+from forge.placement.cores import move_to_cores, process_cores, rank_share
 
 
 class TitanTrainer(ForgeActor):
@@ -114,18 +114,14 @@ class TitanTrainer(ForgeActor):
     async def use_cores(self, cpus: list[int]) -> list[int]:
         """Moves the trainer onto `cpus`, an equal share to each rank (all of them to every
         rank if there are fewer cores than ranks); compute threads take the new count."""
-        share = len(cpus) // self.model.world
-        rank = self.model.rank
-        mine = cpus[rank * share : (rank + 1) * share] if share else cpus
-        pin_to_cores(mine)
+        mine = rank_share(cpus, self.model.rank, self.model.world)
         self.compute.threads = len(mine)
-        return sorted(os.sched_getaffinity(0))
+        return move_to_cores(mine)
 
     @endpoint
     async def cores(self) -> dict[str, Any]:
         """Pid, cores, and the thread count its compute runs with."""
-        threads = await self.compute.run(torch.get_num_threads)
-        return {"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)), "threads": threads}
+        return process_cores(await self.compute.run(torch.get_num_threads))
 
     # --- weights and checkpoints --------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The trainer's share of calibration (forge.loop.calibration): its passes timed on a real
+"""The trainer's share of calibration (forge.placement.calibration): its passes timed on a real
 batch on this machine, which the placement planner's cost model predicts a step from."""
 
 import math

@@ -1,8 +1,9 @@
-"""Device assignment is plain code: tested here with fake GPU and core counts."""
+"""Device assignment (forge/placement/devices.py) is plain code: tested here with fake GPU and
+core counts."""
 
 import pytest
 
-from forge.controller.placement import HostDevices, PlacementError, place, proc_env, release
+from forge.placement.devices import HostDevices, PlacementError, place, proc_env, release
 
 
 def gpu_hosts(n: int, gpus: int = 8, cpus: int = 4) -> list[HostDevices]:

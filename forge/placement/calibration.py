@@ -1,17 +1,19 @@
-"""Calibration: the pipeline model's phase costs, measured on this machine with the run's own
+"""Calibration: the cost model's phase costs, measured on this machine with the run's own
 processes, and cached per machine, model and workload.
 
-With generator and trainer colocated on `n` cores, for each core count c the pipeline model
-may use (`core_counts`): the generator is moved onto c cores and makes one batch of rollouts
-(the run's prompts and sampling, seeds of their own; thrown away after), and the trainer,
-moved onto c cores, times a few micro-batches of that batch forward and backward
+With generator and trainer colocated on `n` cores, for each core count c the cost model may
+use (`core_counts`): the generator is moved onto c cores and makes one batch of rollouts (the
+run's prompts and sampling, seeds of their own; thrown away after), and the trainer, moved
+onto c cores, times a few micro-batches of that batch forward and backward
 (`TitanTrainer.calibrate`, scaled to the whole batch). The weight sync is the fastest of a few
 real ones, to a scratch version of the same weights and back. It costs a batch of rollouts
 and a few training micro-batches per core count, so it runs once per machine and workload and
 is cached.
+
+What it measures comes in through narrow arguments: two processes it can move (`Movable`)
+and the run's work (`Workload`), never the run itself.
 """
 
-import asyncio
 import functools
 import hashlib
 import importlib.metadata
@@ -19,15 +21,13 @@ import json
 import os
 import platform
 import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from forge.loop.pipeline import PhaseCosts
 from forge.models.assets import cache_root
-
-if TYPE_CHECKING:
-    from forge.loop.config import RLConfig
-    from forge.loop.rl import RLLoop
+from forge.placement.cost_model import PhaseCosts
 
 # Seeds for calibration rollouts, far from the run's (seed * 1_000_003 + group * G).
 SEED_BASE = 2**40
@@ -44,15 +44,10 @@ def cache_path() -> Path:
     return cache_root() / "calibration.json"
 
 
-def cache_key(c: "RLConfig", cores: int) -> str:
-    """What the costs depend on: the machine, the code, the model, and the shape of a step."""
-    t, s = c.trainer, c.generator.sampling
-    parts = (
-        _cpu_model(), cores, code_version(), c.generator.model, c.generator.dtype, t.model,
-        t.dtype, c.buffer.batch_size, c.group_size, s.max_tokens, c.data.path or c.data.task,
-        t.micro_batch_size, t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
-    )  # fmt: skip
-    return "|".join(map(str, parts))
+def cache_key(workload: tuple[Hashable, ...], cores: int) -> str:
+    """What the costs depend on: the machine, its cores, the code, and `workload` (the models
+    and the shape of a step: `RLConfig.workload()`)."""
+    return "|".join(map(str, (_cpu_model(), cores, code_version(), *workload)))
 
 
 @functools.cache
@@ -110,59 +105,71 @@ def _write(cache: dict) -> None:
     tmp.replace(path)
 
 
-async def measure(run: "RLLoop", cpus: list[int]) -> PhaseCosts:
+class Movable(Protocol):
+    """A process calibration moves between core counts (a generator, a trainer)."""
+
+    async def use_cores(self, cpus: list[int]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What calibration runs and times, as the run provides it.
+
+    Args:
+        rollouts: `rollouts(groups, seed_base)`: that many groups (None: one batch) of the
+            run's rollouts, generated and scored, group k with seed `seed_base + k * G`.
+        train_costs: one batch's episodes in, the trainer's timed passes on them out
+            ({"train_s", "stale_s"}: TitanTrainer.calibrate).
+        sync_away: publishes a scratch version of the same weights and moves every generator
+            to it.
+        sync_back: moves every generator back to the run's own version (deleting the
+            scratch one).
+        forget_records: drops the metrics the calibration recorded (they belong to no step).
+    """
+
+    rollouts: Callable[[int | None, int], Awaitable[list]]
+    train_costs: Callable[[list], Awaitable[dict[str, float]]]
+    sync_away: Callable[[], Awaitable[None]]
+    sync_back: Callable[[], Awaitable[None]]
+    forget_records: Callable[[], Awaitable[None]]
+
+
+async def measure(
+    generator: Movable, trainer: Movable, work: Workload, cpus: list[int]
+) -> PhaseCosts:
     """Measures the phase costs with the run's generator and trainer, which must both hold
     `cpus`; leaves them both on all of `cpus`."""
     counts = core_counts(len(cpus))
     generate: dict[int, float] = {}
-    await _rollouts(run, groups=1)  # untimed: an engine's first requests run slowly
-    episodes = []
+    await work.rollouts(1, SEED_BASE)  # untimed: an engine's first requests run slowly
+    episodes: list = []
     for c in reversed(counts):  # all cores first: its episodes are the ones the trainer times
-        await run.generator.use_cores.fanout(cpus[:c])
+        await generator.use_cores(cpus[:c])
         start = time.perf_counter()
-        batch = await _rollouts(run)
+        batch = await work.rollouts(None, SEED_BASE)
         generate[c] = time.perf_counter() - start
         episodes = episodes or batch
-    await run.generator.use_cores.fanout(cpus)
+    await generator.use_cores(cpus)
     train, stale = {}, {}
-    batches = [episodes[r :: run.world] for r in range(run.world)]
     for c in reversed(counts):
-        await run.trainer.use_cores(cpus[:c])
-        costs = await run.trainer.calibrate(batches)
+        await trainer.use_cores(cpus[:c])
+        costs = await work.train_costs(episodes)
         train[c], stale[c] = costs["train_s"], costs["stale_s"]
-    await run.trainer.use_cores(cpus)
-    return PhaseCosts(generate, train, stale, await _sync_s(run))
+    await trainer.use_cores(cpus)
+    return PhaseCosts(generate, train, stale, await _sync_s(work))
 
 
-async def _sync_s(run: "RLLoop") -> float:
+async def _sync_s(work: Workload) -> float:
     """The fastest of four real syncs: to a scratch version of the same weights and back to the
     run's own (which deletes the scratch one), twice. A run's first syncs also fill its buffers:
     the second was already as fast as the steady state in float32, the third in bfloat16."""
     times = []
     for _ in range(2):
-        start = time.perf_counter()
-        await run.trainer.push_weights(run.version + 1)
-        await run.generator.update_weights.fanout(run.version + 1)
-        times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        await run.sync_generators()
-        times.append(time.perf_counter() - start)
+        for sync in (work.sync_away, work.sync_back):
+            start = time.perf_counter()
+            await sync()
+            times.append(time.perf_counter() - start)
     return min(times)
-
-
-async def _rollouts(run: "RLLoop", groups: int | None = None) -> list:
-    """One batch of the run's rollouts (or `groups` groups), scored, with calibration seeds."""
-    cfg = run.cfg
-    groups = groups or cfg.buffer.batch_size // cfg.group_size
-
-    async def one(group: int) -> list:
-        row = await run.dataset.nth.call_one(group)
-        completions = await run.generator.generate.route(
-            row["prompt"], n=cfg.group_size, sampling={"seed": SEED_BASE + group * cfg.group_size}
-        )
-        return await run.score(group, row, completions)
-
-    return [e for group in await asyncio.gather(*map(one, range(groups))) for e in group]
 
 
 def _read() -> dict:

@@ -1,10 +1,10 @@
-"""Device placement: which GPUs or CPU cores each process of a proc mesh owns.
+"""Device assignment: which GPUs or CPU cores each process of a proc mesh owns.
 
 Plain code with no Monarch in it, so the assignment logic is unit-tested with fake device
-counts. The Provisioner turns a `Placement` into per-process environment variables.
+counts. The plan (`plan.py`) places a run's roles with it on simulated hosts, and the
+Provisioner on the real ones, turning a `Placement` into per-process environment variables.
 """
 
-import os
 from dataclasses import dataclass, field
 
 
@@ -120,7 +120,7 @@ def proc_env(placement: Placement, rank: int, *, gpu_host: bool) -> dict[str, st
 
     Every proc on a host sees the GPUs its mesh owns there and picks its own by LOCAL_RANK,
     as torchrun does. On a GPU host, a proc that owns no GPU sees none, so it cannot grab
-    one by accident. Owned CPU cores become FORGE_CPUS (applied by `apply_cpu_affinity`)
+    one by accident. Owned CPU cores become FORGE_CPUS (applied by `cores.apply_forge_cpus`)
     and the thread count, so pools never oversubscribe their cores.
     """
     host_index, local_rank = divmod(rank, placement.procs_per_host)
@@ -142,36 +142,3 @@ def proc_env(placement: Placement, rank: int, *, gpu_host: bool) -> dict[str, st
         env["FORGE_CPUS"] = ",".join(map(str, mine))
         env["OMP_NUM_THREADS"] = str(len(mine))
     return env
-
-
-def apply_cpu_affinity() -> list[int] | None:
-    """Pins this process to the cores in FORGE_CPUS, if set (see `pin_to_cores`).
-
-    Runs at actor start-up, after Monarch's own threads exist.
-    """
-    spec = os.environ.get("FORGE_CPUS")
-    if not spec:
-        return None
-    cpus = [int(c) for c in spec.split(",")]
-    pin_to_cores(cpus)
-    return cpus
-
-
-def pin_to_cores(cpus: list[int]) -> None:
-    """Pins every thread of this process to `cpus` and sizes its thread pools to match.
-
-    Each thread is pinned, since Linux applies sched_setaffinity to one thread only; threads
-    started later inherit their creator's cores, and processes started later (a vLLM engine)
-    read OMP_NUM_THREADS. `torch.set_num_threads` reaches the calling thread's OpenMP pool
-    (and threads that have not computed yet): a thread that already computed sets its own.
-    """
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:
-            pass  # the thread ended meanwhile
-    os.environ["FORGE_CPUS"] = ",".join(map(str, cpus))
-    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
-    import torch
-
-    torch.set_num_threads(len(cpus))

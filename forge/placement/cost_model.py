@@ -1,14 +1,17 @@
-"""The pipeline model: per-phase costs in, seconds per step and policy age out, per placement.
+"""The cost model (the pipeline model): per-phase costs in, seconds per step and policy age
+out, per placement.
 
 A step of an RL run has two phases, generating a batch (rollouts: generate and score) and
 training on it (then moving the generators to the new weights). With `cores` devices:
 
-- colocated: both phases use all of them, taking turns: G(n) + T(n) + S, in either mode (async
-  holds generation to the next batch: running further ahead would overlap nothing).
-- split g + (n - g): the generator gets g cores, the trainer the rest. In sync mode the phases
-  still alternate: G(g) + T(n - g) + S. In async mode (max_policy_age >= 1) they overlap, and
-  the slower side sets the pace: max(G(g), T(n - g) + X(n - g) + S), where X is the exact
-  mismatch pass the trainer adds on a batch one version old.
+- colocated: both phases use all of them, taking turns: G(n) + T(n) + S, whether or not the
+  run lets them overlap (an async run holds generation to the next batch: running further
+  ahead would overlap nothing).
+- split g + (n - g): the generator gets g cores, the trainer the rest. Where the phases do not
+  overlap (sync mode, or async at max_policy_age 0) they alternate: G(g) + T(n - g) + S.
+  Where they overlap (async, max_policy_age >= 1), the slower side sets the pace:
+  max(G(g), T(n - g) + X(n - g) + S), where X is the exact mismatch pass the trainer adds on
+  a batch one version old.
 
 G, T and X come from `calibration.py`, measured at each core count on this machine; S is the
 weight sync. Plain code, unit-tested on made-up costs.
@@ -16,8 +19,6 @@ weight sync. Plain code, unit-tested on made-up costs.
 
 from dataclasses import dataclass
 from typing import Literal
-
-from forge.loop.config import Mode, overlaps
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,16 @@ class Prediction:
 
 
 def predict(
-    costs: PhaseCosts, cores: int, mode: Mode, max_policy_age: int, exact_mismatch: bool
+    costs: PhaseCosts, cores: int, overlap: bool, max_policy_age: int, exact_mismatch: bool
 ) -> list[Prediction]:
-    """Every placement of `cores` cores that `costs` covers: colocated, then each split."""
-    overlap = overlaps(mode, max_policy_age)
+    """Every placement of `cores` cores that `costs` covers: colocated, then each split.
+
+    Args:
+        overlap: whether a batch may be generated while the one before trains (async mode
+            with max_policy_age >= 1: forge.loop.config.overlaps).
+        max_policy_age: the staleness bound, which a training-bound split runs ahead to.
+        exact_mismatch: whether the trainer adds its mismatch pass on a stale batch.
+    """
     stale = exact_mismatch and overlap
     colocated = costs.generate_s[cores] + costs.train_s[cores] + costs.sync_s
     predictions = [Prediction("colocated", cores, cores, colocated, 0.0)]

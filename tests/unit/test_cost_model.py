@@ -1,9 +1,10 @@
-"""The pipeline model (forge/loop/pipeline.py) on made-up phase costs: each placement's
+"""The cost model (forge/placement/cost_model.py) on made-up phase costs: each placement's
 seconds per step and policy age, and the choice."""
 
 import pytest
 
-from forge.loop.pipeline import PhaseCosts, fastest, predict, table
+from forge.loop.config import overlaps
+from forge.placement.cost_model import PhaseCosts, fastest, predict, table
 
 # Training dominates, as on the 2-core machine: a core more helps training more than it
 # helps generation.
@@ -26,7 +27,7 @@ def by_label(predictions):
 
 
 def test_sync_alternates_the_phases_on_either_placement():
-    p = by_label(predict(TRAINING_BOUND, 2, "sync", 1, exact_mismatch=True))
+    p = by_label(predict(TRAINING_BOUND, 2, overlaps("sync", 1), 1, exact_mismatch=True))
     assert p["colocated"].seconds_per_step == 6.0 + 34.0 + 1.0
     assert p["split 1+1"].seconds_per_step == 10.0 + 60.0 + 1.0
     assert p["colocated"].policy_age == p["split 1+1"].policy_age == 0.0
@@ -34,17 +35,17 @@ def test_sync_alternates_the_phases_on_either_placement():
 
 
 def test_async_split_runs_at_the_slower_side_and_pays_the_stale_pass():
-    p = by_label(predict(GENERATION_BOUND, 2, "async", 1, exact_mismatch=True))
+    p = by_label(predict(GENERATION_BOUND, 2, overlaps("async", 1), 1, exact_mismatch=True))
     assert p["split 1+1"].seconds_per_step == max(40.0, 20.0 + 1.0 + 1.0)
     assert p["split 1+1"].policy_age == 1.0  # generation-bound: each batch one step behind
-    trained = by_label(predict(TRAINING_BOUND, 2, "async", 2, exact_mismatch=True))
+    trained = by_label(predict(TRAINING_BOUND, 2, overlaps("async", 2), 2, exact_mismatch=True))
     assert trained["split 1+1"].seconds_per_step == 60.0 + 1.0 + 3.0
     assert trained["split 1+1"].policy_age == 2.0  # training-bound: the buffer runs ahead
 
 
 def test_colocated_costs_the_same_in_both_modes_and_is_never_stale():
     sync, asynchronous = (
-        by_label(predict(TRAINING_BOUND, 2, mode, 1, exact_mismatch=True))["colocated"]
+        by_label(predict(TRAINING_BOUND, 2, overlaps(mode, 1), 1, exact_mismatch=True))["colocated"]
         for mode in ("sync", "async")
     )
     assert sync.seconds_per_step == asynchronous.seconds_per_step == 6.0 + 34.0 + 1.0
@@ -53,14 +54,14 @@ def test_colocated_costs_the_same_in_both_modes_and_is_never_stale():
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_age_zero_async_is_sync(mode):
-    p = by_label(predict(GENERATION_BOUND, 2, mode, 0, exact_mismatch=True))
+    p = by_label(predict(GENERATION_BOUND, 2, overlaps(mode, 0), 0, exact_mismatch=True))
     assert p["split 1+1"].seconds_per_step == 40.0 + 20.0 + 1.0
 
 
 def test_the_fastest_wins_and_the_table_marks_it():
     costs = PhaseCosts({1: 40.0, 3: 30.0, 4: 28.0}, {1: 50.0, 3: 20.0, 4: 16.0},
                        {1: 0.0, 3: 0.0, 4: 0.0}, 0.5)  # fmt: skip
-    predictions = predict(costs, 4, "async", 1, exact_mismatch=False)
+    predictions = predict(costs, 4, overlaps("async", 1), 1, exact_mismatch=False)
     # Only the splits whose two sides were measured: 1+3 and 3+1.
     assert [p.label for p in predictions] == ["colocated", "split 1+3", "split 3+1"]
     best = fastest(predictions)
@@ -71,4 +72,7 @@ def test_the_fastest_wins_and_the_table_marks_it():
 
 def test_a_tie_goes_to_colocated():
     costs = PhaseCosts({1: 10.0, 2: 5.0}, {1: 10.0, 2: 5.0}, {1: 0.0, 2: 0.0}, 0.0)
-    assert fastest(predict(costs, 2, "sync", 1, exact_mismatch=False)).label == "colocated"
+    assert (
+        fastest(predict(costs, 2, overlaps("sync", 1), 1, exact_mismatch=False)).label
+        == "colocated"
+    )

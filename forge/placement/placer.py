@@ -1,0 +1,206 @@
+"""The placer: where generator and trainer run once they have started, and what that costs.
+
+Built from the plan, it holds the colocated turns (handed to the handles the loop calls
+generator and trainer through), fits the placement to the machine (`fit`: the cost model's
+prediction from calibrated phase costs; under `placement: auto`, the processes moved onto
+the placement predicted fastest), and compares the prediction with the steps measured
+(`measured`). The loop calls only these; it never compares the placement itself.
+"""
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any, Protocol
+
+from forge.placement import calibration
+from forge.placement.calibration import Movable, Workload
+from forge.placement.cost_model import PhaseCosts, Prediction, fastest, predict, table
+from forge.placement.plan import Plan
+from forge.placement.roles import Resources
+from forge.placement.turns import Turns
+
+MEASURED_STEPS = 3  # steps after the first whose median is printed beside the prediction
+# A measured figure further than this from the prediction means the costs no longer describe
+# the machine (its speed drifts between hours and days): they are dropped from the cache.
+STALE_COSTS = 0.2
+
+
+class Placed(Movable, Protocol):
+    """A running role whose cores can be read and moved (the loop's handles)."""
+
+    async def cpus(self) -> list[int]: ...
+
+
+class Placer:
+    """Generator and trainer as placed: their turns, their cores, and the prediction.
+
+    Args:
+        plan: the run's plan (forge.placement.plan).
+        say: prints a line for the user.
+        record: the JSON file the prediction and the measured figure go to (pipeline.json).
+    """
+
+    def __init__(self, plan: Plan, say: Callable[[str], None], record: Path) -> None:
+        self.plan = plan
+        self.say = say
+        self.record = record
+        self.turns = Turns(enabled=plan.colocated)  # the handles take them
+        self.prediction: Prediction | None = None  # the placement's predicted cost
+        self.costs_key: str | None = None  # the calibration cache entry it came from
+        self.step_seconds: list[float] = []  # wall time of each step of this process
+        # Cores generator and trainer were moved to after they started (auto placement).
+        self.moved: dict[str, list[int]] | None = None
+
+    @property
+    def colocated(self) -> bool:
+        """Whether generator and trainer share their devices now, taking turns."""
+        return self.turns.enabled
+
+    def max_policy_age(self, configured: int) -> int:
+        """The staleness bound the placement allows: colocated phases take turns, so generating
+        further ahead than the next batch would overlap nothing and only make the data older."""
+        return 0 if self.colocated else configured
+
+    def cores_of(self, role: str) -> list[int] | None:
+        """The cores `role` was moved to after it started, for its respawns; None if it
+        stayed where the plan put it."""
+        return None if self.moved is None else self.moved[role]
+
+    async def fit(
+        self,
+        generator: Placed,
+        trainer: Placed,
+        work: Workload,
+        workload: tuple[Hashable, ...],
+        *,
+        overlap: bool,
+        max_policy_age: int,
+        exact_mismatch: bool,
+    ) -> None:
+        """Predicts the placement's seconds per step from the phase costs of this machine and
+        `workload` (docs/placement.md); the cost model's arguments are `predict`'s.
+
+        Under `placement: auto` on CPU, the costs are measured now (with `work`) unless
+        cached, and generator and trainer move onto the placement predicted fastest. An
+        explicit placement is predicted when the costs are cached. The prediction and the
+        choice are said, and written to `record`, where the measured figure joins them later.
+        """
+        auto = self.plan.auto
+        if auto and not self.colocated:
+            return  # auto kept the configured split (GPUs, several hosts): nothing to fit
+        cpus = await generator.cpus()
+        if not self.colocated:  # explicit split: the costs are for the cores of both
+            cpus = sorted({*cpus, *await trainer.cpus()})
+        costs, source = await self._phase_costs(generator, trainer, work, workload, cpus, auto)
+        if costs is None:
+            return
+        options = predict(costs, len(cpus), overlap, max_policy_age, exact_mismatch)
+        self.prediction = fastest(options) if auto else self._configured(options)
+        if self.prediction is None:
+            return
+        if auto:
+            await self._apply(self.prediction, cpus, generator, trainer)
+        self.say(
+            f"placement {'auto' if auto else self.plan.placement} ({source}): "
+            f"{self.prediction.label}\n" + table(options, self.prediction)
+        )
+        self._write(
+            {
+                "costs": vars(costs),
+                "options": [vars(o) for o in options],
+                "chosen": vars(self.prediction),
+            }
+        )
+
+    def measured(self, step_seconds: float) -> None:
+        """Takes the wall time of a step. After MEASURED_STEPS steps past the first, says their
+        median beside the prediction (the first step also waits for the first batch); drops
+        the cached costs it came from when the two are more than STALE_COSTS apart."""
+        self.step_seconds.append(step_seconds)
+        if self.prediction is None or len(self.step_seconds) != MEASURED_STEPS + 1:
+            return
+        measured = statistics.median(self.step_seconds[1:])
+        predicted = self.prediction.seconds_per_step
+        self.say(
+            f"placement {self.prediction.label}: measured {measured:.1f} s/step (median of "
+            f"{MEASURED_STEPS} steps), predicted {predicted:.1f} ({measured / predicted:.2f}x)"
+        )
+        self._write({"measured_s_per_step": measured})
+        if abs(measured / predicted - 1) > STALE_COSTS:
+            calibration.forget(self.costs_key)
+            self.say(
+                "placement: the cached phase costs are dropped; the next auto run measures them"
+            )
+
+    def line(self) -> str:
+        """Where generator and trainer run, said once `fit` has settled it."""
+        if self.moved is not None:  # a core list each
+            return (
+                f"placement split: generator cores {self.moved['generator']}, trainer cores "
+                f"{self.moved['trainer']}"
+            )
+        trainer = f"trainer {_describe(self.plan.resources('trainer'))}"
+        if not self.plan.of_role("generator"):
+            return f"placement: {trainer}, no generator"
+        generator = f"generator {_describe(self.plan.resources('generator'))}"
+        if self.colocated:
+            return f"placement colocated (shared, taking turns): {generator}, {trainer}"
+        return f"placement split: {generator}, {trainer}"
+
+    async def _phase_costs(
+        self,
+        generator: Placed,
+        trainer: Placed,
+        work: Workload,
+        workload: tuple[Hashable, ...],
+        cpus: list[int],
+        measure: bool,
+    ) -> tuple[PhaseCosts | None, str]:
+        """The cached costs on `cpus`, else (if `measure`) measured now and cached; and
+        where they came from."""
+        key = self.costs_key = calibration.cache_key(workload, len(cpus))
+        costs = calibration.load(key)
+        if costs is not None or not measure:
+            return costs, "cached"
+        start = time.perf_counter()
+        self.say(f"placement auto: calibrating on {len(cpus)} cores (cached once measured)")
+        costs = await calibration.measure(generator, trainer, work, cpus)
+        calibration.save(key, costs)
+        await work.forget_records()  # the calibration's rollouts belong to no step
+        return costs, f"calibrated in {time.perf_counter() - start:.0f}s"
+
+    def _configured(self, options: list[Prediction]) -> Prediction | None:
+        """The prediction of the placement the config sets, if the model covers it."""
+        if self.colocated:
+            return options[0]
+        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
+        cores = (g.cpus_per_proc * g.procs, t.cpus_per_proc * t.procs)
+        split = [o for o in options[1:] if (o.generator_cores, o.trainer_cores) == cores]
+        return split[0] if split else None
+
+    async def _apply(
+        self, chosen: Prediction, cpus: list[int], generator: Placed, trainer: Placed
+    ) -> None:
+        """Moves generator and trainer onto `chosen`'s cores: a split gives the trainer the
+        first cores and the generator the rest, and ends the turns."""
+        if chosen.colocated:
+            return
+        t = chosen.trainer_cores
+        self.moved = {"trainer": cpus[:t], "generator": cpus[t:]}  # respawns move there too
+        await trainer.use_cores(self.moved["trainer"])
+        await generator.use_cores(self.moved["generator"])
+        self.turns.enabled = False
+
+    def _write(self, update: dict[str, Any]) -> None:
+        data = json.loads(self.record.read_text()) if self.record.exists() else {}
+        self.record.write_text(json.dumps({**data, **update}, indent=1) + "\n")
+
+
+def _describe(r: Resources) -> str:
+    """`2 replicas x 1 proc (1 core each)`, `2 procs (GPUs)`, `1 proc (any core)`."""
+    cores = f"{r.cpus_per_proc} core{'s' if r.cpus_per_proc > 1 else ''} each"
+    where = "GPUs" if r.with_gpus else cores if r.cpus_per_proc else "any core"
+    replicas = f"{r.num_replicas} replicas x " if r.num_replicas > 1 else ""
+    return f"{replicas}{r.procs} proc{'s' if r.procs > 1 else ''} ({where})"
