@@ -2,6 +2,7 @@
 
 from forge.loop.config import EvalConfig, RLConfig, RunConfig
 from forge.loop.evaluation import Evaluator
+from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.rl import RLLoop
 from forge.loop.run import Run
 from forge.loop.run_folder import RunFinished, RunFolderError
@@ -10,6 +11,7 @@ from forge.loop.trainer_handle import TrainerDied, TrainerHandle
 __all__ = [
     "EvalConfig",
     "Evaluator",
+    "GeneratorHandle",
     "RLConfig",
     "RLLoop",
     "Run",
