@@ -46,11 +46,11 @@ def cache_path() -> Path:
 
 def cache_key(c: "RLConfig", cores: int) -> str:
     """What the costs depend on: the machine, the code, the model, and the shape of a step."""
-    t, s = c.trainer, c.generator.sampling
+    t, s, w = c.trainer, c.generator.sampling, c.weight_sync
     parts = (
-        _cpu_model(), cores, code_version(), c.generator.model, c.generator.dtype, t.model,
+        _cpu_model(), cores, code_version(), c.generator.model, w.dtype, t.model,
         t.dtype, c.buffer.batch_size, c.group_size, s.max_tokens, c.data.path or c.data.task,
-        t.micro_batch_size, t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
+        t.micro_batch_size, t.logits_chunk_tokens, t.activation_checkpointing, t.objective, w.lora,
     )  # fmt: skip
     return "|".join(map(str, parts))
 
