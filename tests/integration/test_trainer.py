@@ -362,7 +362,10 @@ async def test_micro_batches_and_logit_chunks_give_the_step_of_the_whole_batch(
         # Small initial weights: with init_std 0.5 the model is so sensitive that another
         # attention kernel for a shorter padded batch moves the gradient norm by 3e-5.
         cfg.model = str(tiny_model("llama", seed=0))
-    whole, micro = [await TitanTrainer.options(procs=procs).as_actor(c) for c in cfgs]
+    whole, micro = [
+        await TitanTrainer.options(procs=procs).as_actor(c, sync_config(tmp_path, n))
+        for c, n in zip(cfgs, names, strict=True)
+    ]
     batch = await on_policy(whole, episodes(8))
     rng = random.Random(1)
     for e in batch if objective == "distill" else []:  # a teacher's top 4, 80% of its mass

@@ -1,5 +1,5 @@
-"""The trainer's configuration: the model, its optimiser and schedule, its objective, and where
-its weights go."""
+"""The trainer's configuration: the model, its optimiser and schedule, and its objective (where
+its weights go is the run's weight_sync section, forge.weights.sync_config)."""
 
 import math
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ class SchedulerConfig:
 
 @dataclass
 class TrainerConfig:
-    """The model, its optimisation, its objective, and where its weights go.
+    """The model, its optimisation and its objective.
 
     Args:
         objective: a name in forge.losses.OBJECTIVES: "grpo" (policy gradient on
@@ -58,9 +58,9 @@ class TrainerConfig:
             pass instead of keeping its activations (torchtitan's full AC): less memory for
             about a third more compute.
 
-    What a published version holds (its dtype, LoRA adapters or the full weights) and the
-    transport it goes through are the run's `weight_sync` section (WeightSyncConfig), which
-    the trainer receives beside this config.
+    Whether it trains LoRA adapters, what a published version holds (its dtype, the adapters
+    or the full weights) and the transport it goes through are the run's `weight_sync`
+    section (WeightSyncConfig), which the trainer receives beside this config.
     """
 
     model: str = "SmolLM2-135M-Instruct"
