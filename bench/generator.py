@@ -35,6 +35,7 @@ from forge.models.lora import LoRAConfig
 from forge.observability.console import say
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig
 
 THREADS = str(len(os.sched_getaffinity(0)))
@@ -44,13 +45,13 @@ def prompts(count: int) -> list[str]:
     return [f"Question {i}: what is {i % 9 + 1} + {i % 7 + 2}? Answer:" for i in range(count)]
 
 
-async def raw_vllm(cfg: GeneratorConfig, texts: list[str]) -> float:
+async def raw_vllm(cfg: GeneratorConfig, sync: WeightSyncConfig, texts: list[str]) -> float:
     """Tokens/s of vLLM's AsyncLLM driven directly, started with exactly the Generator's
     engine arguments (`forge.actors.generator.engine.engine_args`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    engine = start_engine(cfg, resolve_model(cfg.model))
+    engine = start_engine(cfg, sync, resolve_model(cfg.model))
     s = cfg.sampling
     params = SamplingParams(
         n=s.n,
@@ -130,18 +131,18 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
         max_model_len=1024,
         kv_cache_mb=1024,
         sampling=SamplingConfig(n=args.samples, max_tokens=args.tokens, ignore_eos=True),
-        transport=TransportConfig(path=str(shm)),
     )
+    sync = WeightSyncConfig(TransportConfig(path=str(shm)))
     texts = prompts(args.prompts)
     say(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens")
     if args.lora:
-        await lora_cost(cfg, texts)
+        await lora_cost(cfg, sync, texts)
         return
     result = Result("generator")
-    raw = await raw_vllm(cfg, texts)
+    raw = await raw_vllm(cfg, sync, texts)
     say(f"raw vLLM:            {raw:8.1f} tokens/s")
 
-    service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(cfg)
+    service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(cfg, sync)
     await through_service(service, texts[:1])  # warm-up
     ours, _ = await through_service(service, texts)
     say(f"Generator (service): {ours:8.1f} tokens/s")
@@ -149,7 +150,7 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     result.figure("raw vLLM", raw, "tokens/s").figure("Generator (service)", ours, "tokens/s")
     result.ratio("Generator / raw vLLM tokens/s", ours / raw, target=">= 0.9", headline=True)
 
-    transport = SharedMemoryTransport(cfg.transport.path)
+    transport = SharedMemoryTransport(sync.transport.path)
     weights = load_file(resolve_model(cfg.model) / "model.safetensors")
     for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
         manifest = await transport.publish(version, weights)
@@ -173,12 +174,12 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
     result.write()
 
 
-async def lora_cost(cfg: GeneratorConfig, texts: list[str]) -> None:
+async def lora_cost(cfg: GeneratorConfig, sync: WeightSyncConfig, texts: list[str]) -> None:
     """The Generator's tokens/s without an adapter and with one, one service after the other."""
     rates = {}
     for name, lora in (("without LoRA", None), ("with LoRA", LoRAConfig(rank=16, alpha=32.0))):
-        config = dataclasses.replace(cfg, lora=lora)
-        service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(config)
+        served = dataclasses.replace(sync, lora=lora)  # versions would be adapters: served
+        service = await Generator.options(env={"OMP_NUM_THREADS": THREADS}).as_service(cfg, served)
         await through_service(service, texts[:1])  # warm-up
         rates[name], _ = await through_service(service, texts)
         await shutdown()

@@ -25,8 +25,8 @@ from forge.loop import calibration
 from forge.observability.console import say
 
 DTYPES = {
-    "float32": ["trainer.dtype=float32", "generator.dtype=float32"],
-    "bfloat16": ["trainer.dtype=bfloat16", "generator.dtype=bfloat16"],
+    "float32": ["trainer.dtype=float32", "weight_sync.dtype=float32"],
+    "bfloat16": ["trainer.dtype=bfloat16", "weight_sync.dtype=bfloat16"],
 }
 UNITS = {
     "s/step": "s/step",

@@ -14,9 +14,9 @@ version reuses, a run holding at most two at a time; their figures are printed a
 
 With `--lora` it compares, over shared memory, a full trainer with a LoRA one (rank 16 on every
 linear layer of the decoder) publishing adapters, and one publishing merged weights
-(`lora.publish: merged`): each takes a GRPO step on 16 sequences before each version, and the
-bench prints for each the bytes of a version, publish + fetch + swap, their ratios to full
-weights', and the trainer's peak resident memory over its steps.
+(`weight_sync.lora.publish: merged`): each takes a GRPO step on 16 sequences before each
+version, and the bench prints for each the bytes of a version, publish + fetch + swap, their
+ratios to full weights', and the trainer's peak resident memory over its steps.
 
     python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore] [--lora]
 """
@@ -42,11 +42,12 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import shutdown
 from forge.models import smollm2
-from forge.models.lora import LoRAConfig, served
+from forge.models.lora import LoRAConfig
 from forge.models.titan import hf_state_dict
 from forge.observability.console import say
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig, delete_older_than, make_transport
 
 # The raw-transfer actors live in this script, which their processes cannot import: ship them
@@ -113,14 +114,10 @@ async def measure(
 ) -> dict[str, float]:
     """Median per-phase seconds over versions WARM..N for one transport; with `train`, a GRPO
     step before each version, and the trainer's peak memory over them ("peak_rss_gb")."""
-    model = str(smollm2())
-    trainer = await TitanTrainer.as_actor(
-        TrainerConfig(model=model, transport=transport, lora=lora, micro_batch_size=8)
-    )
+    model, sync = str(smollm2()), WeightSyncConfig(transport, lora=lora)
+    trainer = await TitanTrainer.as_actor(TrainerConfig(model=model, micro_batch_size=8), sync)
     generator = await Generator.as_actor(
-        GeneratorConfig(
-            model=model, max_model_len=512, kv_cache_mb=64, transport=transport, lora=served(lora)
-        )
+        GeneratorConfig(model=model, max_model_len=512, kv_cache_mb=64), sync
     )
     store = make_transport(transport)
     phases: dict[str, list[float]] = {

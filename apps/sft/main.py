@@ -50,7 +50,6 @@ class Config(RunConfig):
     bucket_window: int = 8
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.trainer.objective != "sft":
             raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
         if self.target.column is not None and self.target.column == self.data.answer_column:

@@ -10,9 +10,9 @@ from forge.actors.reward import RewardActor, RewardConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
-from forge.models.lora import served
 from forge.observability import MetricsConfig
 from forge.placement.roles import Resources, Role
+from forge.weights.sync_config import WeightSyncConfig
 
 # How an RL run interleaves rollouts and training (RLConfig.mode).
 Mode = Literal["async", "sync"]
@@ -87,8 +87,8 @@ class RunConfig:
         max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
             before the run fails.
         export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end;
-            with trainer.lora, the adapter as a PEFT folder.
-        export_merged: with trainer.lora and export_hf, also write the model with the adapter
+            with weight_sync.lora, the adapter as a PEFT folder.
+        export_merged: with weight_sync.lora and export_hf, also write the model with the adapter
             folded in, as a Hugging Face folder (run_dir/hf-merged).
         placement: where generator and trainer run (docs/placement.md). "split": each on
             devices of its own (generator_resources, trainer_resources), overlapping in async
@@ -96,6 +96,8 @@ class RunConfig:
             them while it runs. "auto": on one CPU host, colocated processes that a short
             calibration then gives all the cores in turn or splits between them, whichever
             the pipeline model predicts faster; elsewhere "split".
+        weight_sync: what a published version holds (dtype, LoRA adapters or full weights)
+            and how it travels: one section, given to the trainer and to the generators.
     """
 
     run_dir: str = "runs/forge"
@@ -109,6 +111,7 @@ class RunConfig:
     placement: Literal["auto", "colocated", "split"] = "auto"
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -120,36 +123,16 @@ class RunConfig:
         "dataset": "renamed to data (one data section for every app: docs/data.md)"
     }
 
-    def __post_init__(self) -> None:
-        # The generator serves what the trainer publishes: LoRA is set once, on the trainer.
-        expected = served(self.trainer.lora)
-        if self.generator.lora is None:
-            self.generator.lora = expected
-        elif self.generator.lora != expected:
-            raise ValueError(
-                "generator.lora differs from what the trainer publishes: set trainer.lora "
-                "alone (the generator serves the adapter, or the merged weights, it trains)"
-            )
-        # Weights travel in the engines' dtype: a bfloat16 engine would round float32's anyway.
-        if self.trainer.publish_dtype is None:
-            self.trainer.publish_dtype = self.generator.dtype
-        elif self.trainer.publish_dtype != self.generator.dtype:
-            raise ValueError(
-                f"trainer.publish_dtype {self.trainer.publish_dtype} differs from generator.dtype "
-                f"{self.generator.dtype}: leave it unset, a run publishes in the engines' dtype"
-            )
-
     def roles(self) -> list[Role]:
         """The run's roles, in placement order: the trainer; the generators and the reward
         service where the run generates and scores (`generates`, `scores`). Apps add theirs
         after these."""
         t = self.trainer_resources
-        roles = [Role("trainer", TitanTrainer, (self.trainer,), t, "trainer_resources")]
+        sync = self.weight_sync  # one object for both: they cannot disagree
+        roles = [Role("trainer", TitanTrainer, (self.trainer, sync), t, "trainer_resources")]
         if self.generates():
-            g = self.generator_resources
-            roles.append(
-                Role("generator", Generator, (self.generator,), g, "generator_resources", True)
-            )
+            g, args = self.generator_resources, (self.generator, sync)
+            roles.append(Role("generator", Generator, args, g, "generator_resources", True))
         if self.scores():
             roles.append(Role("reward", RewardActor, (self.reward,), service=True))
         return roles
@@ -183,7 +166,6 @@ class RLConfig(RunConfig):
         return self.mode == "async"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.buffer.batch_size % self.group_size:
             raise ValueError(
                 f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "
@@ -204,9 +186,9 @@ class RLConfig(RunConfig):
         """What the phase costs of a step depend on besides the machine, its cores and the
         code: the models, the shape of a step, the trainer's settings (the calibration cache's
         key, forge.placement.calibration)."""
-        t, s = self.trainer, self.generator.sampling
+        t, s, w = self.trainer, self.generator.sampling, self.weight_sync
         return (
-            self.generator.model, self.generator.dtype, t.model, t.dtype, self.buffer.batch_size,
+            self.generator.model, w.dtype, t.model, t.dtype, self.buffer.batch_size,
             self.group_size, s.max_tokens, self.data.path or self.data.task, t.micro_batch_size,
-            t.logits_chunk_tokens, t.activation_checkpointing, t.objective, t.lora,
+            t.logits_chunk_tokens, t.activation_checkpointing, t.objective, w.lora,
         )  # fmt: skip

@@ -42,28 +42,22 @@ def _check_trainer(cfg: RunConfig) -> None:
         raise PlanError(
             f"trainer.tensor_parallel {cfg.trainer.tensor_parallel} does not divide {ranks} ranks"
         )
-    g, tr = cfg.generator.transport, cfg.trainer.transport
-    if (g.kind, g.path) != (tr.kind, tr.path):
+    if cfg.weight_sync.transport.kind == "shm" and hosts > 1:
         raise PlanError(
-            f"generator.transport ({g.kind}, {g.path}) != trainer.transport ({tr.kind}, "
-            f"{tr.path}): the generators would not find the trainer's weights"
-        )
-    if tr.kind == "shm" and hosts > 1:
-        raise PlanError(
-            f"trainer.transport.kind 'shm' is same-host only, but trainer_resources.hosts is "
+            f"weight_sync.transport.kind 'shm' is same-host only, but trainer_resources.hosts is "
             f"{hosts}: use rdma or torchstore"
         )
 
 
 def _check_shm_hosts(cfg: RunConfig, meshes: tuple[Mesh, ...]) -> None:
     """With shared memory, every generator must sit on the trainer's host."""
-    if cfg.generator.transport.kind != "shm":
+    if cfg.weight_sync.transport.kind != "shm":
         return
     trainer = next(m.placement.hosts for m in meshes if m.role.name == "trainer")
     for m in meshes:
         if m.role.name == "generator" and not set(m.placement.hosts) <= set(trainer):
             raise PlanError(
-                f"generator.transport.kind 'shm' is same-host only, but generator replica "
+                f"weight_sync.transport.kind 'shm' is same-host only, but generator replica "
                 f"{m.replica} lands on host{m.placement.hosts[0]} and the trainer on "
                 f"host{trainer[0]} (generator_resources, trainer_resources): use rdma or torchstore"
             )

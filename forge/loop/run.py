@@ -97,8 +97,9 @@ class Run:
             await get_provisioner().reserve_group(
                 GROUP, hosts=len(g.hosts), gpus=len(g.gpus[0]), cpus=len(g.cpus[0])
             )
-        claim_for_run(self.run_dir, cfg)  # its /dev/shm folder, given back at shutdown()
-        if cfg.trainer.transport.kind in ("rdma", "torchstore"):  # rdma: handles, manifests
+        # Its /dev/shm folder, given back at shutdown(), holds an shm transport left unset.
+        claim_for_run(self.run_dir, cfg.weight_sync.transport)
+        if cfg.weight_sync.transport.kind in ("rdma", "torchstore"):  # rdma: handles, manifests
             # Imported only here: torchstore prints a warning on import, before any log exists.
             from forge.weights import torchstore_compat
 
@@ -118,7 +119,7 @@ class Run:
         # Which hosts each role's processes landed on, for the user (and tests) to check.
         placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
         (self.run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
-        self.transport = make_transport(cfg.trainer.transport)
+        self.transport = make_transport(cfg.weight_sync.transport)
         # Versions an earlier run left behind must not be mistaken for this run's.
         await self.transport.clear()
         t = cfg.trainer_resources
@@ -431,8 +432,9 @@ class Run:
             if self.cfg.export_hf:
                 export = self.run_dir / "hf"
                 await self.trainer.export_hf(str(export))
-                say(f"{'adapter' if self.cfg.trainer.lora else 'model'}: {export}")
-                if self.cfg.trainer.lora and self.cfg.export_merged:
+                lora = self.cfg.weight_sync.lora
+                say(f"{'adapter' if lora else 'model'}: {export}")
+                if lora and self.cfg.export_merged:
                     merged = self.run_dir / "hf-merged"
                     await self.trainer.export_hf(str(merged), merged=True)
                     say(f"merged model: {merged}")

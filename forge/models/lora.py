@@ -77,12 +77,6 @@ class LoRAConfig:
             )
 
 
-def served(cfg: LoRAConfig | None) -> LoRAConfig | None:
-    """The LoRA config a generator serves for a trainer's `cfg`: the same one when versions
-    are adapters, None (a plain model) when they are merged weights or there is no LoRA."""
-    return cfg if cfg is not None and cfg.publish == "adapter" else None
-
-
 def with_lora(titan: TitanModel, cfg: LoRAConfig) -> TitanModel:
     """`titan` whose targeted linear layers build as LoRA layers and everything else frozen."""
     from torchtitan.components.lora import LoRAConverter

@@ -7,7 +7,7 @@ ends; a folder whose owner died without doing so (SIGKILL) is removed by the nex
 or by `forge clean` (`remove_dead`). Folders without a marker are not forge's to remove.
 
 A run's folder is named after its run folder (`run_folder`), and the shm weight transport of a
-run that leaves `transport.path` unset lives in it (`claim_for_run`).
+run that leaves `weight_sync.transport.path` unset lives in it (`claim_for_run`).
 """
 
 import dataclasses
@@ -19,7 +19,6 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -127,30 +126,18 @@ def run_folder(run_dir: str | Path, root: Path = SHM_ROOT) -> Path:
     return root / f"{PREFIX}run-{digest}"
 
 
-def claim_for_run(run_dir: str | Path, config: Any) -> ShmFolder:
+def claim_for_run(run_dir: str | Path, transport: TransportConfig) -> ShmFolder:
     """Gives a run its shared-memory folder, removed at `forge.controller.shutdown()`.
 
     Call it in the run's driver after `init_provisioner` and before spawning actors: it removes
-    dead runs' folders, makes `run_folder(run_dir)` owned by this process, and points every shm
-    TransportConfig in `config` (a config dataclass, searched through) that leaves `path` unset
-    at `<folder>/weights`. Raises RuntimeError if a live run holds the same run folder.
+    dead runs' folders, makes `run_folder(run_dir)` owned by this process, and points the run's
+    `transport` (weight_sync.transport), if it is shm and leaves `path` unset, at
+    `<folder>/weights`. Raises RuntimeError if a live run holds the same run folder.
     """
     remove_dead()
     path = run_folder(run_dir)
     folder = ShmFolder.create(path.name.removeprefix(PREFIX), f"run {Path(run_dir).resolve()}")
     get_provisioner().own(folder)
-    for transport in _transport_configs(config):
-        if transport.kind == "shm" and transport.path is None:
-            transport.path = str(folder.path / "weights")
+    if transport.kind == "shm" and transport.path is None:
+        transport.path = str(folder.path / "weights")
     return folder
-
-
-def _transport_configs(config: Any) -> list[TransportConfig]:
-    if isinstance(config, TransportConfig):
-        return [config]
-    if not dataclasses.is_dataclass(config):
-        return []
-    found = []
-    for f in dataclasses.fields(config):
-        found += _transport_configs(getattr(config, f.name))
-    return found

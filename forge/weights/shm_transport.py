@@ -66,8 +66,8 @@ class SharedMemoryTransport:
     def root(self) -> Path:
         if self._root is None:
             raise ValueError(
-                "the shm weight transport has no path: set transport.path, or start the actors "
-                "from a Run, which gives them its shared-memory folder"
+                "the shm weight transport has no path: set weight_sync.transport.path, or start "
+                "the actors from a Run, which gives them its shared-memory folder"
             )
         return self._root
 

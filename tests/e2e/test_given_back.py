@@ -24,6 +24,7 @@ from forge.controller import shutdown
 from forge.models import tiny_model
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import SHM_ROOT, folder_bytes, owner_of, run_folder
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.torchstore_transport import TorchStoreTransport
 from forge.weights.transport import TransportConfig
 
@@ -100,9 +101,11 @@ async def test_torchstore_staging_and_storage_processes_are_given_back():
     await torchstore_compat.initialize()
     model = tiny_model("llama", seed=0)
     transport = TransportConfig(kind="torchstore", path="given-back", fetch_timeout_s=30.0)
-    cfg = GeneratorConfig(model=str(model), max_model_len=256, kv_cache_mb=32, transport=transport)
+    cfg = GeneratorConfig(model=str(model), max_model_len=256, kv_cache_mb=32)
     try:
-        generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+        generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
+            cfg, WeightSyncConfig(transport)
+        )
         weights = load_file(model / "model.safetensors")
         weights["model.embed_tokens.weight"] += 1.0  # not the weights the engine started with
         manifest = await TorchStoreTransport("given-back").publish(1, weights)

@@ -1,5 +1,5 @@
-"""LoRA in every app: each app's tiny config with `trainer.lora`, run by `forge run` to its end.
-The exported adapter is a PEFT folder that PEFT loads onto the base model, and it gives the
+"""LoRA in every app: each app's tiny config with `weight_sync.lora`, run by `forge run` to its
+end. The exported adapter is a PEFT folder that PEFT loads onto the base model, and it gives the
 same next-token distribution as the merged export."""
 
 import json
@@ -18,7 +18,7 @@ FULL_BYTES = 25_000_000  # the tiny Llama's full weights, mostly its 49k-token e
 @pytest.mark.parametrize("app", ["grpo", "distillation", "sft"])
 def test_an_app_trains_lora_and_exports_the_adapter_and_the_merged_model(tmp_path, app):
     run_dir = tmp_path / app
-    lora = ("trainer.lora={rank: 4, alpha: 8}", "export_merged=true", "steps=3")
+    lora = ("weight_sync.lora={rank: 4, alpha: 8}", "export_merged=true", "steps=3")
     finish(forge_run(app, f"configs/{app}/tiny_cpu.yaml", run_dir, *lora), run_dir)
     steps = metrics(run_dir)
     assert [m["step"] for m in steps] == [1, 2, 3]

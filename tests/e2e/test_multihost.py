@@ -27,7 +27,7 @@ def test_generator_and_trainer_on_two_hosts_exchange_weights_over_rdma(tmp_path)
         "export_hf=false",
         "provisioner.launcher=process",
         "provisioner.hosts=2",
-        "generator.transport.kind=rdma",  # the trainer's transport is the generator's
+        "weight_sync.transport.kind=rdma",  # one transport: the trainer's and the generators'
         # Hosts are filled first-fit: a role that takes all of a host's cores leaves the
         # next role the other host. Emulated hosts share this machine's cores.
         "generator_resources.cpus_per_proc=2",

@@ -24,7 +24,7 @@ LIBRARY_LINE = re.compile(
 )
 # A cell (found by a piece of its code) whose output is exactly these lines.
 EXACT_OUTPUT = {
-    "02_generator_and_weights": ("as_service(cfg)", ["serving version 0"]),
+    "02_generator_and_weights": ("as_service(cfg, sync)", ["serving version 0"]),
 }
 
 

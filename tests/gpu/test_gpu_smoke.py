@@ -32,7 +32,7 @@ OVERRIDES = (
     "placement=colocated",
     "generator_resources.with_gpus=true",
     "trainer_resources.with_gpus=true",
-    "generator.dtype=bfloat16",
+    "weight_sync.dtype=bfloat16",
     "trainer.dtype=bfloat16",
     # vLLM refuses to start unless this share of the device is free; the rest is the trainer's.
     "generator.gpu_memory_utilization=0.3",
@@ -43,7 +43,7 @@ def test_smoke_overrides_load_onto_the_grpo_config():
     schema = load_app(ROOT / "apps" / "grpo" / "main.py")[1]
     cfg = load_config(schema, ROOT / TINY, ["run_dir=runs/gpu-smoke", *OVERRIDES])
     assert cfg.steps == STEPS and cfg.placement == "colocated"
-    assert (cfg.generator.dtype, cfg.trainer.dtype) == ("bfloat16", "bfloat16")
+    assert (cfg.weight_sync.dtype, cfg.trainer.dtype) == ("bfloat16", "bfloat16")
     assert cfg.generator.gpu_memory_utilization == 0.3
     assert cfg.reward.functions == ["helper_rewards:vowel_fraction"]
     plan = plan_run(cfg, ClusterShape(hosts=1, gpus_per_host=1, cpus_per_host=2))

@@ -16,6 +16,7 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.controller import shutdown
 from forge.models import tiny_model
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig, delete_older_than
 
 pytestmark = pytest.mark.integration
@@ -56,9 +57,9 @@ async def generator(transport):
         model=str(tiny_model("llama", seed=0, init_std=INIT_STD)),
         max_model_len=512,
         kv_cache_mb=64,
-        transport=TransportConfig(path=str(transport.root), fetch_timeout_s=2.0),
     )
-    gen = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+    sync = WeightSyncConfig(TransportConfig(path=str(transport.root), fetch_timeout_s=2.0))
+    gen = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg, sync)
     yield gen
     await shutdown()
 

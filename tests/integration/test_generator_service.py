@@ -14,6 +14,7 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.controller import shutdown
 from forge.models import tiny_model
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
@@ -37,13 +38,13 @@ async def test_killed_replica_is_respawned_on_current_weights(tmp_path):
         model=str(tiny_model("llama", seed=0, init_std=0.5)),
         max_model_len=512,
         kv_cache_mb=64,
-        transport=TransportConfig(path=str(transport.root)),
     )
+    sync = WeightSyncConfig(TransportConfig(path=str(transport.root)))
     engines_before = {p.pid for p in engine_processes()}
     try:
         service = await Generator.options(
             num_replicas=2, health_interval_s=0.5, env={"OMP_NUM_THREADS": "1"}
-        ).as_service(cfg)
+        ).as_service(cfg, sync)
         service.on_recover = lambda actor: actor.load_latest.call()
         new = AutoModelForCausalLM.from_pretrained(tiny_model("llama", seed=1, init_std=0.5))
         weights = {k: v for k, v in new.state_dict().items() if k != "lm_head.weight"}

@@ -22,6 +22,7 @@ from forge.controller import shutdown
 from forge.data import Completion, Episode
 from forge.models import tiny_model
 from forge.models.hf_export import save_hf
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
@@ -87,9 +88,9 @@ async def exports(processes, tmp_path_factory) -> dict[int, tuple[Path, list[lis
             model=str(source()),
             objective="sft",
             optimizer=OptimizerConfig(lr=LR),
-            transport=TransportConfig(path=str(root / f"transport{procs}")),
         )
-        trainer = await TitanTrainer.options(procs=procs).as_actor(cfg)
+        sync = WeightSyncConfig(TransportConfig(path=str(root / f"transport{procs}")))
+        trainer = await TitanTrainer.options(procs=procs).as_actor(cfg, sync)
         batch = episodes(8, seed=procs)
         await trainer.train_step.call([batch[r::procs] for r in range(procs)])
         paths = await trainer.export_hf.call(str(root / f"export{procs}"))
@@ -138,9 +139,9 @@ async def generator(processes, exports):
         max_model_len=512,
         max_num_seqs=8,
         kv_cache_mb=64,
-        transport=TransportConfig(path=str(folder.parent / "generator_transport")),
     )
-    return await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+    sync = WeightSyncConfig(TransportConfig(path=str(folder.parent / "generator_transport")))
+    return await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg, sync)
 
 
 async def test_vllm_serves_the_export_like_transformers(generator, exports):

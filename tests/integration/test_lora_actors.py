@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from monarch.actor import ActorError
 from peft import PeftModel
-from test_trainer import episodes, on_policy, trainer_config
+from test_trainer import episodes, on_policy, sync_config, trainer_config
 from transformers import AutoModelForCausalLM
 
 from forge.actors.checkpointing import CheckpointConfig, step_folder
@@ -20,16 +20,21 @@ from forge.controller import shutdown
 from forge.losses import mismatch_kl
 from forge.models.lora import LoRAConfig
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 
 pytestmark = pytest.mark.integration
 
 LORA = LoRAConfig(rank=4, alpha=8.0)
 
 
-def lora_trainer(tmp_path, name: str = "w", **changes) -> TrainerConfig:
+def lora_trainer(tmp_path, **changes) -> TrainerConfig:
     # A large lr: the adapters' first steps move the outputs far above float noise.
-    changes.setdefault("lora", LORA)
-    return trainer_config(tmp_path, name, optimizer=OptimizerConfig(lr=1e-2), **changes)
+    return trainer_config(tmp_path, optimizer=OptimizerConfig(lr=1e-2), **changes)
+
+
+def lora_sync(tmp_path, name: str = "w", lora: LoRAConfig = LORA) -> WeightSyncConfig:
+    """The adapters `lora` trained, published into tmp_path / name and served from there."""
+    return sync_config(tmp_path, name, lora=lora)
 
 
 async def generator_vs_trainer(generator, trainer) -> tuple[float, list]:
@@ -54,7 +59,7 @@ async def cleanup():
 async def test_the_adapters_alone_train_publish_and_checkpoint_and_resume(tmp_path, cleanup):
     folder = tmp_path / "ckpt"
     cfg = lora_trainer(tmp_path, checkpoint=CheckpointConfig(folder=str(folder)))
-    trainer = await TitanTrainer.as_actor(cfg)
+    trainer = await TitanTrainer.as_actor(cfg, lora_sync(tmp_path))
     transport = SharedMemoryTransport(tmp_path / "w")
     await trainer.push_weights.call_one(0)
     start = await transport.fetch(0)
@@ -78,15 +83,15 @@ async def test_the_adapters_alone_train_publish_and_checkpoint_and_resume(tmp_pa
     assert model_keys and all(".lora_" in k for k in model_keys + optim_keys), model_keys[:3]
     os.kill(await trainer.ping.call_one(), signal.SIGKILL)
 
-    resumed = await TitanTrainer.as_actor(cfg)
+    resumed = await TitanTrainer.as_actor(cfg, lora_sync(tmp_path))
     assert await resumed.get_step.call_one() == 2
     assert (await resumed.train_step.call_one([b3]))["loss"] == pytest.approx(uninterrupted, abs=0)
 
 
 async def test_lora_over_two_processes_equals_one_process(tmp_path, cleanup):
-    cfgs = [lora_trainer(tmp_path, name) for name in ("one", "two")]
-    one = await TitanTrainer.options(procs=1).as_actor(cfgs[0])
-    two = await TitanTrainer.options(procs=2).as_actor(cfgs[1])
+    cfg = lora_trainer(tmp_path)
+    one = await TitanTrainer.options(procs=1).as_actor(cfg, lora_sync(tmp_path, "one"))
+    two = await TitanTrainer.options(procs=2).as_actor(cfg, lora_sync(tmp_path, "two"))
     batch = await on_policy(one, episodes(8))
     m1 = await one.train_step.call_one([batch])
     m2 = (await two.train_step.call([batch[:4], batch[4:]])).item(procs=0)
@@ -101,12 +106,10 @@ async def test_lora_over_two_processes_equals_one_process(tmp_path, cleanup):
 
 
 async def test_the_generator_serves_each_adapter_version_in_every_mode(tmp_path, cleanup):
-    cfg = lora_trainer(tmp_path)
-    trainer = await TitanTrainer.as_actor(cfg)
+    cfg, sync = lora_trainer(tmp_path), lora_sync(tmp_path)
+    trainer = await TitanTrainer.as_actor(cfg, sync)
     generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
-        GeneratorConfig(
-            model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport, lora=LORA
-        )
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32), sync
     )
     for version, mode in enumerate(["drain", "abort", "inflight"], start=1):
         await trainer.train_step.call_one([episodes(seed=version)])
@@ -146,10 +149,10 @@ async def test_merged_versions_are_served_as_a_plain_model(tmp_path, cleanup):
     """`lora.publish: merged`: each version is the full weights with the adapters folded in;
     the generator serves them without LoRA and agrees with the trainer."""
     merged = LoRAConfig(rank=4, alpha=8.0, publish="merged")
-    cfg = lora_trainer(tmp_path, lora=merged)
-    trainer = await TitanTrainer.as_actor(cfg)
+    cfg, sync = lora_trainer(tmp_path), lora_sync(tmp_path, lora=merged)
+    trainer = await TitanTrainer.as_actor(cfg, sync)
     generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
-        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport)
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32), sync
     )
     await trainer.train_step.call_one([episodes(seed=1)])
     pushed = await trainer.push_weights.call_one(1)
@@ -162,7 +165,7 @@ async def test_merged_versions_are_served_as_a_plain_model(tmp_path, cleanup):
 
 async def test_peft_loads_the_exported_adapter_and_scores_like_the_trainer(tmp_path, cleanup):
     cfg = lora_trainer(tmp_path)
-    trainer = await TitanTrainer.as_actor(cfg)
+    trainer = await TitanTrainer.as_actor(cfg, lora_sync(tmp_path))
     for seed in (1, 2):
         await trainer.train_step.call_one([episodes(seed=seed)])
     adapter = await trainer.export_hf.call_one(str(tmp_path / "adapter"))

@@ -19,6 +19,7 @@ from forge.data import Completion, Episode
 from forge.losses import mismatch_kl
 from forge.models import tiny_model
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
@@ -48,11 +49,12 @@ async def on_policy(trainer, batch: list[Episode]) -> list[Episode]:
 
 def trainer_config(tmp_path, name: str = "w", **changes) -> TrainerConfig:
     changes.setdefault("optimizer", OptimizerConfig(lr=1e-3))
-    return TrainerConfig(
-        model=str(tiny_model("llama", seed=0, init_std=0.5)),
-        transport=TransportConfig(path=str(tmp_path / name)),
-        **changes,
-    )
+    return TrainerConfig(model=str(tiny_model("llama", seed=0, init_std=0.5)), **changes)
+
+
+def sync_config(tmp_path, name: str = "w", **changes) -> WeightSyncConfig:
+    """Versions published into (and fetched from) the shared-memory folder tmp_path / name."""
+    return WeightSyncConfig(TransportConfig(path=str(tmp_path / name)), **changes)
 
 
 @pytest.fixture
@@ -73,8 +75,8 @@ async def test_fsdp_over_two_processes_equals_one_process(tmp_path, cleanup):
     # The default learning rate: AdamW's first step is g / (|g| + eps) * lr, so for gradients
     # near eps (1e-8) float summation order alone moves a weight by a few percent of lr.
     cfgs = [trainer_config(tmp_path, name, optimizer=OptimizerConfig()) for name in ("one", "two")]
-    one = await TitanTrainer.options(procs=1).as_actor(cfgs[0])
-    two = await TitanTrainer.options(procs=2).as_actor(cfgs[1])
+    one = await TitanTrainer.options(procs=1).as_actor(cfgs[0], sync_config(tmp_path, "one"))
+    two = await TitanTrainer.options(procs=2).as_actor(cfgs[1], sync_config(tmp_path, "two"))
     batch = await on_policy(one, episodes(8))
     await one.push_weights.call_one(0)
     m1 = await one.train_step.call_one([batch])
@@ -150,7 +152,10 @@ async def test_bfloat16_on_cpu_trains_in_bfloat16_keeps_float32_weights_and_feed
     tmp_path, cleanup
 ):
     cfgs = {d: trainer_config(tmp_path, d, dtype=d) for d in ("float32", "bfloat16")}
-    trainers = {dtype: await TitanTrainer.as_actor(cfg) for dtype, cfg in cfgs.items()}
+    trainers = {
+        dtype: await TitanTrainer.as_actor(cfg, sync_config(tmp_path, dtype))
+        for dtype, cfg in cfgs.items()
+    }
     batch = episodes()
     pairs = [(e.completion.prompt_ids, e.completion.token_ids) for e in batch]
     scores = {k: torch.cat([torch.tensor(r) for r in await t.compute_logprobs.call_one(pairs)])
@@ -173,13 +178,12 @@ async def test_bfloat16_on_cpu_trains_in_bfloat16_keeps_float32_weights_and_feed
     exact = sum(int((w == w.bfloat16().float()).sum()) for w in after.values())
     assert exact < 0.01 * sum(w.numel() for w in after.values())
 
-    cfg = cfgs["bfloat16"]
+    # The trainer published its float32 parameters (its weight_sync.dtype), which a bfloat16
+    # engine reading the same folder rounds as it loads them.
     generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
-        GeneratorConfig(
-            model=cfg.model, dtype="bfloat16", max_model_len=256, kv_cache_mb=32,
-            transport=cfg.transport,
-        )
-    )  # fmt: skip
+        GeneratorConfig(model=cfgs["bfloat16"].model, max_model_len=256, kv_cache_mb=32),
+        sync_config(tmp_path, "bfloat16", dtype="bfloat16"),
+    )
     # The trainer's weights after three steps, against the engine before and after taking them:
     # bfloat16's rounding in both leaves a KL well above float32's ~1e-10 at this tiny model's
     # sharp distributions, but the push must still cut it (measured: 0.34 -> 0.05).
@@ -203,8 +207,9 @@ async def test_weights_published_in_bfloat16_load_into_a_bfloat16_engine_as_floa
 ):
     # Two trainers on the same starting weights publish into one folder: float32 (version 0)
     # and, as a run does for a bfloat16 engine, bfloat16 (version 1).
-    wide = await TitanTrainer.as_actor(trainer_config(tmp_path))
-    narrow = await TitanTrainer.as_actor(trainer_config(tmp_path, publish_dtype="bfloat16"))
+    cfg = trainer_config(tmp_path)
+    wide = await TitanTrainer.as_actor(cfg, sync_config(tmp_path))
+    narrow = await TitanTrainer.as_actor(cfg, sync_config(tmp_path, dtype="bfloat16"))
     sizes = [(await wide.push_weights.call_one(0))["bytes"]]
     sizes.append((await narrow.push_weights.call_one(1))["bytes"])
     assert sizes[1] < 0.51 * sizes[0], sizes
@@ -213,13 +218,10 @@ async def test_weights_published_in_bfloat16_load_into_a_bfloat16_engine_as_floa
     assert {e.dtype for e in manifests[1].tensors} == {"bfloat16"}
     embed = [next(e.checksum for e in m.tensors if e.name == EMBED) for m in manifests]
 
-    cfg = trainer_config(tmp_path)
     generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
-        GeneratorConfig(
-            model=cfg.model, dtype="bfloat16", max_model_len=256, kv_cache_mb=32,
-            transport=cfg.transport,
-        )
-    )  # fmt: skip
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32),
+        sync_config(tmp_path, dtype="bfloat16"),
+    )
     served = {}
     for version in (0, 1):
         await generator.update_weights.call_one(version)
@@ -262,10 +264,10 @@ async def test_reference_model_scores_like_the_trainer_before_training(tmp_path,
 
 
 async def test_pushed_weights_make_the_generator_agree_with_the_trainer(tmp_path, cleanup):
-    cfg = trainer_config(tmp_path)
-    trainer = await TitanTrainer.as_actor(cfg)
+    cfg, sync = trainer_config(tmp_path), sync_config(tmp_path)
+    trainer = await TitanTrainer.as_actor(cfg, sync)
     generator = await Generator.options(env={"OMP_NUM_THREADS": "1"}).as_actor(
-        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32, transport=cfg.transport)
+        GeneratorConfig(model=cfg.model, max_model_len=256, kv_cache_mb=32), sync
     )
     await trainer.train_step.call_one([episodes()])  # weights now differ from the checkpoint
     pushed = await trainer.push_weights.call_one(1)
@@ -360,7 +362,10 @@ async def test_micro_batches_and_logit_chunks_give_the_step_of_the_whole_batch(
         # Small initial weights: with init_std 0.5 the model is so sensitive that another
         # attention kernel for a shorter padded batch moves the gradient norm by 3e-5.
         cfg.model = str(tiny_model("llama", seed=0))
-    whole, micro = [await TitanTrainer.options(procs=procs).as_actor(c) for c in cfgs]
+    whole, micro = [
+        await TitanTrainer.options(procs=procs).as_actor(c, sync_config(tmp_path, n))
+        for c, n in zip(cfgs, names, strict=True)
+    ]
     batch = await on_policy(whole, episodes(8))
     rng = random.Random(1)
     for e in batch if objective == "distill" else []:  # a teacher's top 4, 80% of its mass

@@ -16,6 +16,7 @@ from forge.controller import ForgeActor, shutdown
 from forge.models import tiny_model
 from forge.models.titan import hf_state_dict
 from forge.weights.shm_transport import SharedMemoryTransport
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
@@ -29,15 +30,17 @@ EMBED = "model.embed_tokens.weight"  # kept by vLLM as loaded: its checksum is c
 class EngineWithUpdates(ForgeActor):
     """An engine and its WeightUpdates, nothing else."""
 
-    def __init__(self, cfg: GeneratorConfig) -> None:
+    def __init__(self, cfg: GeneratorConfig, sync: WeightSyncConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.sync = sync
 
     @endpoint
     async def setup(self) -> None:
         path = Path(self.cfg.model)
-        self.engine = start_engine(self.cfg, path)
-        self.updates = WeightUpdates(self.engine, self.cfg, checkpoint_shapes(path))
+        self.engine = start_engine(self.cfg, self.sync, path)
+        shapes = checkpoint_shapes(path)
+        self.updates = WeightUpdates(self.engine, self.cfg, self.sync.transport, shapes)
         await self.updates.start()
 
     @endpoint
@@ -67,13 +70,9 @@ def transport(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 async def engine(model, transport):
-    cfg = GeneratorConfig(
-        model=str(model),
-        max_model_len=256,
-        kv_cache_mb=32,
-        transport=TransportConfig(path=str(transport.root), fetch_timeout_s=2.0),
-    )
-    actor = await EngineWithUpdates.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg)
+    cfg = GeneratorConfig(model=str(model), max_model_len=256, kv_cache_mb=32)
+    sync = WeightSyncConfig(TransportConfig(path=str(transport.root), fetch_timeout_s=2.0))
+    actor = await EngineWithUpdates.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg, sync)
     yield actor
     await shutdown()
 

@@ -61,12 +61,16 @@ def test_distillation_refuses_a_top_k_it_cannot_serve(overrides, error):
 
 def test_a_run_publishes_weights_in_its_engines_dtype():
     grpo = ROOT / "configs" / "grpo" / "smollm2_cpu.yaml"
-    assert load_config(schema(grpo), grpo).trainer.publish_dtype == "float32"
+    assert load_config(schema(grpo), grpo).weight_sync.dtype == "float32"
     gpu = ROOT / "configs" / "grpo" / "qwen3_gpu.yaml"
-    assert load_config(schema(gpu), gpu).trainer.publish_dtype == "bfloat16"
-    overrides = ["generator.dtype=bfloat16", "trainer.publish_dtype=float32"]
-    with pytest.raises(ConfigError, match="trainer.publish_dtype float32 differs from generator"):
-        load_config(schema(grpo), grpo, overrides)
+    cfg = load_config(schema(gpu), gpu)
+    assert cfg.weight_sync.dtype == "bfloat16"
+    # The trainer publishes in, and the engines run, the one dtype the section holds.
+    roles = {role.name: role.args for role in cfg.roles()}
+    assert roles["trainer"][1] is roles["generator"][1] is cfg.weight_sync
+    for old in ("generator.dtype=bfloat16", "trainer.publish_dtype=float32"):
+        with pytest.raises(ConfigError, match="moved to weight_sync.dtype"):
+            load_config(schema(grpo), grpo, [old])
 
 
 @pytest.mark.parametrize(
@@ -80,6 +84,12 @@ def test_a_run_publishes_weights_in_its_engines_dtype():
         ("sft", "data.reasoning_gym.task=chain_sum", "data.reasoning_gym: removed: a reasoning"),
         ("sft", "data.answer_template='{answer}'", "data.answer_template: moved to target.templ"),
         ("sft", "data.completion_column=c", "data.completion_column: moved to target.column"),
+        ("grpo", "trainer.transport.kind=rdma", "trainer.transport: moved to weight_sync.transp"),
+        ("sft", "generator.transport={kind: shm}", "generator.transport: moved to weight_sync.t"),
+        ("grpo", "trainer.lora.rank=16", "trainer.lora: moved to weight_sync.lora"),
+        ("distillation", "generator.lora={rank: 4}", "generator.lora: moved to weight_sync.lora"),
+        ("grpo", "trainer.publish_dtype=float16", "trainer.publish_dtype: moved to weight_sync.d"),
+        ("sft", "generator.dtype=bfloat16", "generator.dtype: moved to weight_sync.dtype"),
     ],
 )
 def test_an_old_spelling_names_the_new_key(app, override, error):
@@ -97,3 +107,11 @@ def test_every_app_reads_the_same_data_section():
     }
     assert len({repr(s) for s in sections.values()}) == 1
     assert sections["sft"].path == "rows.jsonl" and sections["grpo"].prompt_column == "q"
+
+
+def test_an_old_config_file_names_the_weight_sync_key(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("generator: {transport: {kind: shm}}\ntrainer: {transport: {kind: shm}}\n")
+    grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match=f"^{old}: generator.transport: moved to weight_sync"):
+        load_config(schema(grpo), old)

@@ -43,8 +43,8 @@ def test_the_key_changes_with_what_the_costs_depend_on_and_only_that():
     assert calibration.cache_key(config().workload(), 4) != key
     for changed in ("buffer.batch_size=64", "generator.sampling.max_tokens=64",
                     "trainer.micro_batch_size=4", "trainer.model=tiny-llama",
-                    "trainer.lora.rank=16", "trainer.dtype=bfloat16",
-                    "generator.dtype=bfloat16"):  # fmt: skip
+                    "weight_sync.lora.rank=16", "trainer.dtype=bfloat16",
+                    "weight_sync.dtype=bfloat16"):  # fmt: skip
         assert calibration.cache_key(config(changed).workload(), 2) != key, changed
 
 

@@ -132,15 +132,20 @@ def test_bad_lora_configs_are_refused_in_one_line(changes, message):
 
 
 def test_an_unknown_target_is_refused_by_the_loader():
-    with pytest.raises(ConfigError, match=r"trainer.lora.target_modules\[0\].*q_proj"):
-        load_config(RunConfig, None, ["trainer.lora={target_modules: [qkv]}"])
+    with pytest.raises(ConfigError, match=r"weight_sync.lora.target_modules\[0\].*q_proj"):
+        load_config(RunConfig, None, ["weight_sync.lora={target_modules: [qkv]}"])
 
 
 def test_the_generator_serves_what_the_trainer_trains():
-    cfg = load_config(RunConfig, None, ["trainer.lora.rank=16"])
-    assert cfg.generator.lora == cfg.trainer.lora == LoRAConfig(rank=16)
-    assert load_config(RunConfig, None, []).generator.lora is None
-    merged = load_config(RunConfig, None, ["trainer.lora.publish=merged"])
-    assert merged.trainer.lora.publish == "merged" and merged.generator.lora is None
-    with pytest.raises(ConfigError, match="generator.lora differs from what the trainer"):
-        load_config(RunConfig, None, ["trainer.lora.rank=16", "generator.lora.rank=8"])
+    cfg = load_config(RunConfig, None, ["weight_sync.lora.rank=16", "eval.interval=1"])
+    roles = {role.name: role.args for role in cfg.roles()}
+    # One section for both: the trainer trains the adapter the generators serve.
+    assert roles["trainer"][1] is roles["generator"][1] is cfg.weight_sync
+    assert cfg.weight_sync.served_adapter() == cfg.weight_sync.lora == LoRAConfig(rank=16)
+    assert load_config(RunConfig, None, []).weight_sync.served_adapter() is None
+    merged = load_config(RunConfig, None, ["weight_sync.lora.publish=merged"])
+    assert merged.weight_sync.lora.publish == "merged"
+    assert merged.weight_sync.served_adapter() is None
+    for old in ("trainer.lora.rank=16", "generator.lora.rank=8"):
+        with pytest.raises(ConfigError, match="lora: moved to weight_sync.lora"):
+            load_config(RunConfig, None, [old])

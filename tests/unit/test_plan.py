@@ -142,14 +142,13 @@ IMPOSSIBLE = [
      "generator_resources.with_gpus is true, but the cluster's hosts have no GPUs"),
     ("sft/smollm2_cpu", ["trainer_resources.cpus_per_proc=3"], CPU_HOST,
      "trainer_resources.procs 1 x trainer_resources.cpus_per_proc 3 cores > 2 cores per host"),
-    ("grpo/qwen3_slurm", ["generator.transport.kind=shm"], SHAPES["qwen3_slurm"],
-     "trainer.transport.kind 'shm' is same-host only, but trainer_resources.hosts is 2"),
+    ("grpo/qwen3_slurm", ["weight_sync.transport.kind=shm"], SHAPES["qwen3_slurm"],
+     "weight_sync.transport.kind 'shm' is same-host only, but trainer_resources.hosts is 2"),
     ("grpo/qwen3_slurm",
-     ["generator.transport.kind=shm", "trainer_resources.hosts=1", "buffer.dp_size=8"],
+     ["weight_sync.transport.kind=shm", "trainer_resources.hosts=1", "buffer.dp_size=8"],
      SHAPES["qwen3_slurm"],
-     "generator.transport.kind 'shm' is same-host only, but generator replica 0 lands on host1"),
-    ("grpo/smollm2_cpu", ["trainer.transport.kind=torchstore"], CPU_HOST,
-     r"generator.transport \(shm, None\) != trainer.transport \(torchstore, None\)"),
+     "weight_sync.transport.kind 'shm' is same-host only, but generator replica 0 lands on "
+     "host1"),
     ("grpo/qwen3_slurm", ["trainer.tensor_parallel=3"], SHAPES["qwen3_slurm"],
      "trainer.tensor_parallel 3 does not divide trainer_resources.procs 8 x "
      "trainer_resources.hosts 2 = 16 ranks"),
@@ -288,7 +287,7 @@ ACTOR = {  # the actor class each role's mesh runs
             "distillation/tiny_cpu",
             [
                 "provisioner={launcher: process, hosts: 2, cpus_per_host: 2}",
-                "generator.transport={kind: torchstore}",
+                "weight_sync.transport={kind: torchstore}",
                 "trainer_resources.cpus_per_proc=2",
                 "generator_resources={num_replicas: 2, cpus_per_proc: 1}",
                 "teacher_resources.num_replicas=2",
@@ -306,7 +305,7 @@ def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatc
     monkeypatch.setattr(provisioner, "proc_env", _record)
     monkeypatch.setattr(run_module.MetricLogger, "from_config", _stop)
     monkeypatch.setattr(run_module, "make_transport", lambda cfg: _Transport())
-    if cfg.trainer.transport.kind == "torchstore":
+    if cfg.weight_sync.transport.kind == "torchstore":
         from forge.weights import torchstore_compat
 
         monkeypatch.setattr(torchstore_compat, "initialize", _nothing)

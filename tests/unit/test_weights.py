@@ -223,7 +223,7 @@ async def test_a_superseded_version_fails_fast(tmp_path):
 
 
 async def test_an_unset_shm_path_fails_on_use_with_the_fix():
-    with pytest.raises(ValueError, match="has no path: set transport.path, or start the actors"):
+    with pytest.raises(ValueError, match="has no path: set weight_sync.transport.path, or start"):
         await SharedMemoryTransport(None).versions()
 
 
@@ -264,27 +264,20 @@ async def test_a_run_gets_a_flat_folder_given_back_at_shutdown(tmp_path, monkeyp
         "forge-run-"
     )
 
-    @dataclasses.dataclass
-    class Config:
-        unset: TransportConfig = dataclasses.field(default_factory=TransportConfig)
-        chosen: TransportConfig = dataclasses.field(
-            default_factory=lambda: TransportConfig(path="/elsewhere")
-        )
-        store: TransportConfig = dataclasses.field(
-            default_factory=lambda: TransportConfig(kind="torchstore")
-        )
-
-    cfg = Config()
-    folder = claim_for_run("runs/a", cfg)
+    unset, chosen = TransportConfig(), TransportConfig(path="/elsewhere")
+    store = TransportConfig(kind="torchstore")
+    folder = claim_for_run("runs/a", unset)
     try:
+        # Only an shm transport without a path is pointed at the run's folder.
+        others = [claim_for_run(f"runs/{name}", t) for name, t in (("b", chosen), ("c", store))]
         assert folder.path == run_folder("runs/a")
         assert Owner(**json.loads((folder.path / MARKER).read_text())).pid == os.getpid()
-        assert (cfg.unset.path, cfg.chosen.path, cfg.store.path) == (
+        assert (unset.path, chosen.path, store.path) == (
             str(folder.path / "weights"),
             "/elsewhere",
             None,
         )
-        await SharedMemoryTransport(cfg.unset.path).publish(1, state_dict())
+        await SharedMemoryTransport(unset.path).publish(1, state_dict())
     finally:
         await shutdown()
-    assert not folder.path.exists()
+    assert not folder.path.exists() and not any(o.path.exists() for o in others)

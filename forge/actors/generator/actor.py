@@ -1,6 +1,6 @@
 """Generator: a vLLM async engine in an actor, producing Completions with per-token versions.
 
-    gen = await Generator.options(num_replicas=2).as_service(GeneratorConfig())
+    gen = await Generator.options(num_replicas=2).as_service(GeneratorConfig(), WeightSyncConfig())
     completions = await gen.generate.route("What is 2+3?", n=8)
     await gen.update_weights.fanout(version)
 
@@ -30,16 +30,26 @@ from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
 from forge.models.lora import peft_shapes
 from forge.placement.cores import move_to_cores, process_cores
+from forge.weights.sync_config import WeightSyncConfig
 
 logger = logging.getLogger(__name__)
 
 
 class Generator(ForgeActor):
-    """Generates Completions with vLLM; swaps weights without losing a request."""
+    """Generates Completions with vLLM; swaps weights without losing a request.
 
-    def __init__(self, cfg: GeneratorConfig | None = None) -> None:
+    Args:
+        cfg: the engine, its sampling defaults and its update mode.
+        weight_sync: the run's weight-sync section: the engine's dtype, the LoRA adapter it
+            serves (if versions are adapters), and the transport versions come through.
+    """
+
+    def __init__(
+        self, cfg: GeneratorConfig | None = None, weight_sync: WeightSyncConfig | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg or GeneratorConfig()
+        self.weight_sync = weight_sync or WeightSyncConfig()
         self._stats = EngineStats()
         self._busy = BusySpans()
         self.engine: Any = None
@@ -51,13 +61,14 @@ class Generator(ForgeActor):
         from forge.models import resolve_model
 
         path = resolve_model(self.cfg.model)
-        self.engine = start_engine(self.cfg, path, stat_loggers=[self._stats.factory])
+        sync = self.weight_sync
+        self.engine = start_engine(self.cfg, sync, path, stat_loggers=[self._stats.factory])
         await self.engine.collective_rpc("forge_die_with_parent")
         shapes, adapter = checkpoint_shapes(path), None
-        if self.cfg.lora is not None:  # versions are adapters for this checkpoint
-            shapes = peft_shapes(self.cfg.lora, shapes)
-            adapter = AdapterSlot(self.cfg.lora, path, shapes)
-        self.updates = WeightUpdates(self.engine, self.cfg, shapes, adapter)
+        if (lora := sync.served_adapter()) is not None:  # versions are adapters for this model
+            shapes = peft_shapes(lora, shapes)
+            adapter = AdapterSlot(lora, path, shapes)
+        self.updates = WeightUpdates(self.engine, self.cfg, sync.transport, shapes, adapter)
         await self.updates.start()
         self.requests = Requests(
             self.engine,

@@ -1,10 +1,7 @@
 """The generator's configuration: its engine, its sampling defaults, how it takes new weights."""
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
-
-from forge.models.lora import LoRAConfig
-from forge.weights.transport import TransportConfig
+from typing import ClassVar, Literal, get_args
 
 UpdateMode = Literal["drain", "abort", "inflight"]
 UPDATE_MODES: tuple[str, ...] = get_args(UpdateMode)
@@ -29,18 +26,18 @@ class GeneratorConfig:
 
     Args:
         model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
-        dtype: the engine's weights and compute.
         kv_cache_mb: KV cache size; None lets vLLM size it from `gpu_memory_utilization`.
         update_mode: "drain" (default), "abort" or "inflight" (docs/architecture.md).
         drain_timeout_s: a drain that takes longer falls back to "abort".
         inflight_recompute_kv: in "inflight" mode, recompute the KV cache of paused sequences
             with the new weights (vLLM's clear_cache) instead of keeping the old one.
-        lora: the trainer's LoRA config when it trains LoRA: the engine serves that adapter
-            (a zero one until the first version) and each version is an adapter.
+
+    The engine's dtype, the LoRA adapter it serves and the transport new weights come
+    through are the run's `weight_sync` section (WeightSyncConfig), which the generator
+    receives beside this config.
     """
 
     model: str = "SmolLM2-135M-Instruct"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = 2048
     max_num_seqs: int = 256
     kv_cache_mb: int | None = 512
@@ -51,8 +48,14 @@ class GeneratorConfig:
     drain_timeout_s: float = 30.0
     inflight_recompute_kv: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    transport: TransportConfig = field(default_factory=TransportConfig)
-    lora: LoRAConfig | None = None
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "transport": "moved to weight_sync.transport (one section for the trainer and the "
+        "generators)",
+        "dtype": "moved to weight_sync.dtype (the engine's dtype, which versions are published in)",
+        "lora": "moved to weight_sync.lora (set once: the generators serve what the trainer "
+        "trains)",
+    }
 
     def __post_init__(self) -> None:
         # The yaml loader checks the Literal; this catches a config built in Python.

@@ -1,4 +1,5 @@
-"""The vLLM engine a Generator runs: its arguments, derived from the GeneratorConfig alone.
+"""The vLLM engine a Generator runs: its arguments, derived from the GeneratorConfig and the
+run's weight-sync section (the engine's dtype, the LoRA adapter it serves) alone.
 
 `engine_args` is also what `bench/generator.py` starts raw vLLM with, so that the baseline
 runs exactly the engine the Generator runs.
@@ -10,22 +11,23 @@ from typing import Any
 
 from forge.actors.generator.adapter import max_lora_rank
 from forge.actors.generator.config import GeneratorConfig
+from forge.weights.sync_config import WeightSyncConfig
 
 
-def engine_args(cfg: GeneratorConfig, path: Path) -> Any:
-    """vLLM's AsyncEngineArgs for `cfg`, loading the checkpoint at `path`."""
+def engine_args(cfg: GeneratorConfig, weight_sync: WeightSyncConfig, path: Path) -> Any:
+    """vLLM's AsyncEngineArgs for `cfg` and `weight_sync`, loading the checkpoint at `path`."""
     # Read by vLLM when the engine starts: engine core without a separate worker process.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     lora: dict[str, Any] = {}
-    if cfg.lora is not None:
+    if (adapter := weight_sync.served_adapter()) is not None:
         # One adapter, replaced in place by each version.
-        lora = dict(enable_lora=True, max_lora_rank=max_lora_rank(cfg.lora.rank), max_loras=1)
+        lora = dict(enable_lora=True, max_lora_rank=max_lora_rank(adapter.rank), max_loras=1)
     return AsyncEngineArgs(
         model=str(path),
-        dtype=cfg.dtype,
+        dtype=weight_sync.dtype,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
         enforce_eager=cfg.enforce_eager,
@@ -43,11 +45,17 @@ def engine_args(cfg: GeneratorConfig, path: Path) -> Any:
     )
 
 
-def start_engine(cfg: GeneratorConfig, path: Path, stat_loggers: list | None = None) -> Any:
-    """A running AsyncLLM for `cfg`."""
+def start_engine(
+    cfg: GeneratorConfig,
+    weight_sync: WeightSyncConfig,
+    path: Path,
+    stat_loggers: list | None = None,
+) -> Any:
+    """A running AsyncLLM for `cfg` and `weight_sync`."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(engine_args(cfg, path), stat_loggers=stat_loggers)
+    args = engine_args(cfg, weight_sync, path)
+    return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
 
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:

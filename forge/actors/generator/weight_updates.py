@@ -23,7 +23,7 @@ from forge.actors.generator.config import GeneratorConfig, UpdateMode
 from forge.weights.manifest import Manifest, WeightVersionError, WeightVersionGone
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.shm_transport import SharedMemoryTransport, open_version, pin
-from forge.weights.transport import make_transport
+from forge.weights.transport import TransportConfig, make_transport
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class WeightUpdates:
 
     Args:
         engine: a running vLLM AsyncLLM whose workers have forge's WeightLoader extension.
-        cfg: the transport, the drain timeout and the in-flight KV choice.
+        cfg: the drain timeout and the in-flight KV choice.
+        transport: where versions come from (the run's weight_sync.transport).
         shapes: the model's tensor names and shapes (with LoRA, the adapter's); a version
             must match them exactly.
         adapter: the engine's LoRA adapter, when versions are adapters.
@@ -43,6 +44,7 @@ class WeightUpdates:
         self,
         engine: Any,
         cfg: GeneratorConfig,
+        transport: TransportConfig,
         shapes: dict[str, tuple],
         adapter: AdapterSlot | None = None,
     ) -> None:
@@ -50,7 +52,8 @@ class WeightUpdates:
         self.cfg = cfg
         self.shapes = shapes
         self.adapter = adapter
-        self.transport = make_transport(cfg.transport)
+        self.fetch_timeout_s = transport.fetch_timeout_s
+        self.transport = make_transport(transport)
         self.version = 0
         self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
         self.aborting = False  # an aborting swap is under way (from its count until resumed)
@@ -119,7 +122,7 @@ class WeightUpdates:
         A version deleted before it could be loaded gives way to the newer one that replaced
         it, until `transport.fetch_timeout_s` has passed.
         """
-        deadline = time.monotonic() + self.cfg.transport.fetch_timeout_s
+        deadline = time.monotonic() + self.fetch_timeout_s
         while (versions := await self.transport.versions()) and versions[-1] > self.version:
             try:
                 await self.update(versions[-1], mode)

@@ -1,6 +1,6 @@
 """TitanTrainer: a torchtitan model trained with forge's losses, data-parallel over its procs.
 
-    trainer = await TitanTrainer.options(procs=2).as_actor(TrainerConfig())
+    trainer = await TitanTrainer.options(procs=2).as_actor(TrainerConfig(), WeightSyncConfig())
     metrics = await trainer.train_step.call_one(batches)   # batches[r] goes to rank r
     await trainer.push_weights.call(version)               # every rank takes part; rank 0 publishes
 
@@ -28,14 +28,24 @@ from forge.controller import ForgeActor
 from forge.controller.compute_thread import ComputeThread
 from forge.data.episode import Episode
 from forge.placement.cores import move_to_cores, process_cores, rank_share
+from forge.weights.sync_config import WeightSyncConfig
 
 
 class TitanTrainer(ForgeActor):
-    """Trains a torchtitan model on batches of episodes and publishes its weights."""
+    """Trains a torchtitan model on batches of episodes and publishes its weights.
 
-    def __init__(self, cfg: TrainerConfig | None = None) -> None:
+    Args:
+        cfg: the model, its optimisation and objective.
+        weight_sync: the run's weight-sync section: the LoRA adapters it trains (if any), and
+            what its versions hold and where they go.
+    """
+
+    def __init__(
+        self, cfg: TrainerConfig | None = None, weight_sync: WeightSyncConfig | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg or TrainerConfig()
+        self.weight_sync = weight_sync or WeightSyncConfig()
         self.step = 0
         # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
         self.compute = ComputeThread("forge-trainer")
@@ -53,13 +63,13 @@ class TitanTrainer(ForgeActor):
         dist.init_process_group("nccl" if cuda else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed + rank)
-        self.model = build_model(self.cfg, rank, world, device)
+        self.model = build_model(self.cfg, self.weight_sync.lora, rank, world, device)
         self.training = Training(self.cfg, self.model)
         self.checkpointer = Checkpointer(
             self.cfg.checkpoint, self.model.module, self.training.optimizer, self.training.scheduler
         )
         self.step = self.checkpointer.resume()
-        self.publisher = Publisher(self.cfg, self.model)
+        self.publisher = Publisher(self.weight_sync, self.model)
 
     # --- training -----------------------------------------------------------------------------
 
@@ -141,7 +151,8 @@ class TitanTrainer(ForgeActor):
         With LoRA the folder is a PEFT adapter (adapter_config.json, adapter_model.safetensors)
         for the source checkpoint, or with `merged`, the model with its adapters folded in.
         """
-        return await self.compute.run(export_hf, self.model, self.cfg, path, merged)
+        lora = self.weight_sync.lora
+        return await self.compute.run(export_hf, self.model, self.cfg.model, lora, path, merged)
 
     @endpoint
     async def save_checkpoint(self, background: bool | None = None) -> float:

@@ -10,13 +10,23 @@ from forge.actors.trainer.config import TrainerConfig
 from forge.actors.trainer.model import Model
 from forge.models import resolve_model
 from forge.models.hf_layout import HfLayout
-from forge.models.lora import PeftLayout, add_dropout, initial_adapters, is_adapter, with_lora
+from forge.models.lora import (
+    LoRAConfig,
+    PeftLayout,
+    add_dropout,
+    initial_adapters,
+    is_adapter,
+    with_lora,
+)
 from forge.models.titan import TitanModel, build, hf_state_dict, titan_model
 from forge.models.titan_compat import force_sum_reduction, use_device_type
 
 
-def build_model(cfg: TrainerConfig, rank: int, world: int, device: torch.device | None) -> Model:
-    """`cfg.model` built, sharded over `world` ranks and loaded, on `device` (None: the CPU).
+def build_model(
+    cfg: TrainerConfig, lora: LoRAConfig | None, rank: int, world: int, device: torch.device | None
+) -> Model:
+    """`cfg.model` built (with `lora`'s adapters, if any), sharded over `world` ranks and
+    loaded, on `device` (None: the CPU).
 
     Call on every rank after the process group is up: sharding, loading and, with LoRA,
     learning the adapters' PEFT layout are collectives.
@@ -24,7 +34,6 @@ def build_model(cfg: TrainerConfig, rank: int, world: int, device: torch.device 
     cuda = device is not None
     path = resolve_model(cfg.model)
     titan = titan_model(path)
-    lora = cfg.lora
     if lora is not None:
         titan = with_lora(titan, lora)
     module = _parallelize(titan, cfg, world, device)

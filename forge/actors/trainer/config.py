@@ -1,15 +1,13 @@
-"""The trainer's configuration: the model, its optimiser and schedule, its objective, and where
-its weights go."""
+"""The trainer's configuration: the model, its optimiser and schedule, and its objective (where
+its weights go is the run's weight_sync section, forge.weights.sync_config)."""
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from forge.actors.checkpointing import CheckpointConfig
 from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveName
-from forge.models.lora import LoRAConfig
 from forge.models.titan import LOGITS_CHUNK_TOKENS
-from forge.weights.transport import TransportConfig
 
 
 @dataclass
@@ -34,7 +32,7 @@ class SchedulerConfig:
 
 @dataclass
 class TrainerConfig:
-    """The model, its optimisation, its objective, and where its weights go.
+    """The model, its optimisation and its objective.
 
     Args:
         objective: a name in forge.losses.OBJECTIVES: "grpo" (policy gradient on
@@ -44,9 +42,6 @@ class TrainerConfig:
         dtype: "float32", or "bfloat16" compute over float32 weights, gradients and optimizer
             state: FSDP's mixed precision on GPUs, autocast on CPUs (where FSDP's per-unshard
             casts made a step slower than float32).
-        publish_dtype: the dtype published versions hold: the generators' (a run sets it to
-            generator.dtype), so a bfloat16 engine gets half the bytes, already rounded as its
-            loader would round them. None: the parameters' own.
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
             episodes can be scored under the weights that generated them.
@@ -62,18 +57,16 @@ class TrainerConfig:
         activation_checkpointing: "full" recomputes each transformer block in the backward
             pass instead of keeping its activations (torchtitan's full AC): less memory for
             about a third more compute.
-        lora: train LoRA adapters on the frozen model instead of the model itself
-            (forge.models.lora): only adapters hold gradients and optimizer state, checkpoints
-            hold them alone, and each published version is the adapters in PEFT's layout (or,
-            with `lora.publish: merged`, the weights with them folded in). None: full
-            fine-tuning.
+
+    Whether it trains LoRA adapters, what a published version holds (its dtype, the adapters
+    or the full weights) and the transport it goes through are the run's `weight_sync`
+    section (WeightSyncConfig), which the trainer receives beside this config.
     """
 
     model: str = "SmolLM2-135M-Instruct"
     objective: ObjectiveName = "grpo"
     temperature: float = 1.0
     dtype: Literal["float32", "bfloat16"] = "float32"
-    publish_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     max_grad_norm: float = 1.0
     tensor_parallel: int = 1
     seed: int = 0
@@ -82,12 +75,17 @@ class TrainerConfig:
     micro_batch_size: int = 0
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
     activation_checkpointing: Literal["none", "full"] = "none"
-    lora: LoRAConfig | None = None
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "transport": "moved to weight_sync.transport (one section for the trainer and the "
+        "generators)",
+        "publish_dtype": "moved to weight_sync.dtype (the generators' dtype, which versions hold)",
+        "lora": "moved to weight_sync.lora (what the trainer trains is what the generators serve)",
+    }
 
     def __post_init__(self) -> None:
         # Literal fields are checked by the config loader; this guards direct construction.

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import torch
 
-from forge.actors.trainer.config import TrainerConfig
 from forge.actors.trainer.model import Model
 from forge.controller.compute_thread import ComputeThread
 from forge.models.hf_layout import HfLayout
 from forge.models.lora import merge
+from forge.weights.sync_config import WeightSyncConfig
 from forge.weights.transport import make_transport
 
 
@@ -19,12 +19,11 @@ class Publisher:
     """Publishes versions of `model`'s weights.
 
     Args:
-        cfg: what a version holds (`lora.publish`, `publish_dtype`) and where it goes
-            (`transport`).
+        cfg: what a version holds (`lora.publish`, `dtype`) and where it goes (`transport`).
         model: the trained model.
     """
 
-    def __init__(self, cfg: TrainerConfig, model: Model) -> None:
+    def __init__(self, cfg: WeightSyncConfig, model: Model) -> None:
         self.cfg = cfg
         self.model = model
         self.transport = make_transport(cfg.transport)
@@ -49,14 +48,14 @@ class Publisher:
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """What a version holds, on rank 0 (None on the other ranks): the full weights
         HF-named, or with LoRA the adapters PEFT-named (or with `lora.publish: merged`, the
-        weights with the adapters folded in), in `publish_dtype`. Reordered tensors live in
-        buffers that the next call overwrites. A collective."""
+        weights with the adapters folded in), in the configured `dtype`. Reordered tensors
+        live in buffers that the next call overwrites. A collective."""
         lora, model = self.cfg.lora, self.model
         if lora is not None and lora.publish == "adapter":
             adapters = model.full_state_dict(adapters_only=True)
             if model.rank != 0:
                 return None
-            return _in_dtype(model.peft_layout(adapters), self.cfg.publish_dtype)
+            return _in_dtype(model.peft_layout(adapters), self.cfg.dtype)
         state_dict = model.full_state_dict()
         if model.rank != 0:
             return None
@@ -66,12 +65,10 @@ class Publisher:
             self._hf_layout = HfLayout.learn(model.titan.adapter, state_dict) or (
                 model.titan.adapter.to_hf
             )
-        return _in_dtype(self._hf_layout(state_dict), self.cfg.publish_dtype)
+        return _in_dtype(self._hf_layout(state_dict), self.cfg.dtype)
 
 
-def _in_dtype(state_dict: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
-    """`state_dict` with its floating-point tensors in `dtype` (as they are if None)."""
-    if dtype is None:
-        return state_dict
+def _in_dtype(state_dict: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """`state_dict` with its floating-point tensors in `dtype`."""
     target = getattr(torch, dtype)
     return {k: v.to(target) if v.is_floating_point() else v for k, v in state_dict.items()}
