@@ -21,8 +21,8 @@ from library_log import library_output_to_log
 from placement import PLACEMENTS, run
 from result import Result
 
-from forge.loop import calibration
 from forge.observability.console import say
+from forge.placement import calibration
 
 DTYPES = {
     "float32": ["trainer.dtype=float32", "weight_sync.dtype=float32"],

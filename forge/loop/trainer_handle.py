@@ -4,8 +4,9 @@
 A method an editor can follow to `TitanTrainer`'s endpoint of the same name replaces a
 string dispatch; a trainer process that dies during a call raises TrainerDied, which the loop
 answers by respawning the trainer from its checkpoint. Every call that computes on the
-trainer's devices takes the training turn (forge.placement.turns), so a colocated generator
-never runs meanwhile, whoever calls.
+trainer's devices (a step, an eval loss, logprobs, calibration, a push) takes the training turn
+(forge.placement.turns), so a colocated generator never runs meanwhile, whoever calls;
+checkpoints and exports copy weights out and take none, as before.
 """
 
 from collections.abc import Awaitable

@@ -130,6 +130,55 @@ def test_a_task_started_in_a_turn_holds_it_no_longer_once_it_ended():
     assert asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+def test_a_task_asking_for_the_other_turn_than_it_holds_fails_at_once():
+    async def scenario():
+        turns, errors = Turns(enabled=True), []
+        for outer, inner in (("generating", "training"), ("training", "generating")):
+            async with getattr(turns, outer)():
+                try:
+                    async with getattr(turns, inner)():
+                        pass
+                except RuntimeError as e:
+                    errors.append(str(e))
+        async with turns.training():  # neither turn was left held or awaited
+            pass
+        return errors
+
+    errors = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert len(errors) == 2
+    assert "holding the generating turn asked for the training turn" in errors[0]
+    assert "holding the training turn asked for the generating turn" in errors[1]
+
+
+def test_a_started_task_still_in_its_call_keeps_training_waiting_after_its_creator_let_go():
+    async def scenario():
+        turns, log = Turns(enabled=True), []
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def score():  # started by a rollout, re-entering the rollout's turn
+            async with turns.generating():
+                inside.set()
+                await release.wait()
+                log.append("score end")
+
+        async def train():
+            async with turns.training():
+                log.append("train")
+
+        async with turns.generating():
+            child = asyncio.ensure_future(score())
+            await inside.wait()
+        trainer = asyncio.ensure_future(train())
+        while not turns.training_waits:
+            await asyncio.sleep(0)
+        assert not trainer.done()
+        release.set()
+        await asyncio.gather(child, trainer)
+        return log
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == ["score end", "train"]
+
+
 async def _generate(turns: Turns) -> None:
     async with turns.generating():
         assert not turns.training_now
