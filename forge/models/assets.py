@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forge.cache import cache_root
+
 if TYPE_CHECKING:  # transformers takes seconds to import: only the functions that load need it
     from transformers import PreTrainedConfig
 
@@ -32,11 +34,6 @@ TINY_FAMILIES = ("llama", "qwen3")
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_NAMES = (DEFAULT_MODEL, f"HuggingFaceTB/{DEFAULT_MODEL}")
 _TINY_NAMES = {f"tiny-{family}": family for family in TINY_FAMILIES}
-
-
-def cache_root() -> Path:
-    """forge's cache on this machine: `$FORGE_CACHE` (default `~/.cache/forge`)."""
-    return Path(os.environ.get("FORGE_CACHE", "~/.cache/forge")).expanduser()
 
 
 def models_dir() -> Path:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from forge.models.assets import cache_root
+from forge.cache import cache_root
 from forge.placement.cost_model import PhaseCosts
 
 # Seeds for calibration rollouts, far from the run's (seed * 1_000_003 + group * G).
