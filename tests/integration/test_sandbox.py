@@ -1,0 +1,126 @@
+"""The code sandbox on real processes: what a model's code may not do is stopped, reported, and
+leaves no process, cgroup or folder behind. The tests expect bubblewrap and a writable cgroup
+hierarchy (.ci/run installs bubblewrap; CI fails where either is missing, a user's run skips
+saying which); the last test takes both away, as on a machine without them, and checks what is
+still enforced."""
+
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from forge.envs import sandbox as sandbox_module
+from forge.envs.sandbox import Sandbox, SandboxConfig
+
+pytestmark = pytest.mark.integration
+
+LIMITS = SandboxConfig(timeout_s=3.0, memory_mb=256, max_processes=16, output_bytes=200)
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+DETACHED_CHILD = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print("started")
+"""
+
+
+def leftovers() -> list[str]:
+    """Sandbox processes, cgroups and folders that outlived their call."""
+    procs = [
+        " ".join(p.info["cmdline"] or [])
+        for p in psutil.process_iter(["cmdline", "cwd"])
+        if "forge-sandbox-" in " ".join(p.info["cmdline"] or []) + (p.info["cwd"] or "")
+    ]
+    cgroups = [str(p) for p in sandbox_module.CGROUP_ROOT.glob("**/forge-sandbox-*")]
+    folders = [str(p) for p in Path(tempfile.gettempdir()).glob("forge-sandbox-*")]
+    return procs + cgroups + folders
+
+
+@pytest.fixture
+def sandbox() -> Sandbox:
+    box = Sandbox(LIMITS)
+    missing = [name for name, holds in box.guarantees().items() if not holds]
+    if missing:
+        pytest.skip(f"not enforced on this machine: {missing} (bubblewrap, a writable cgroup)")
+    yield box
+    assert not leftovers()
+
+
+async def test_code_runs_and_its_output_is_cut_to_the_limit(sandbox):
+    result = await sandbox.run("print(6 * 7)")
+    assert (result.status, result.stdout, result.exit_code) == ("ok", "42\n", 0)
+    spam = await sandbox.run("print('x' * 10_000_000)")
+    assert spam.status == "ok" and spam.truncated and spam.stdout == "x" * 200
+
+
+async def test_an_exception_is_an_error_whose_last_line_names_it(sandbox):
+    result = await sandbox.run("print('before')\nraise ValueError('no such digit')")
+    assert (result.status, result.stdout, result.exit_code) == ("error", "before\n", 1)
+    assert result.stderr.splitlines()[-1] == "ValueError: no such digit"
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("while True:\n    pass", "timeout"),
+        (FORK_BOMB, "timeout"),
+        ("x = bytearray(10 * 2**30)", "memory"),  # 10 GB at once
+        ("x = [bytearray(2**20) for _ in range(10_000)]", "memory"),  # 10 GB a MB at a time
+    ],
+    ids=["infinite loop", "fork bomb", "10 GB at once", "10 GB piecemeal"],
+)
+async def test_what_would_take_the_machine_is_stopped_and_reported(sandbox, code, status):
+    result = await sandbox.run(code)
+    assert result.status == status, result
+    assert result.seconds < LIMITS.timeout_s + 2
+
+
+async def test_no_network_no_writes_outside_its_folder_and_no_process_outlives_it(sandbox):
+    net = await sandbox.run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)")
+    assert net.status == "error" and "Network is unreachable" in net.stderr
+    target = Path(tempfile.mkdtemp(dir=Path.cwd())) / "written"
+    write = await sandbox.run(f"open({str(target)!r}, 'w').write('x')")
+    assert write.status == "error" and "Read-only file system" in write.stderr
+    assert not target.exists()
+    target.parent.rmdir()
+    local = await sandbox.run(
+        "open('scratch.txt', 'w').write('x')\nprint(open('scratch.txt').read())"
+    )
+    assert local.stdout == "x\n"
+    detached = await sandbox.run(DETACHED_CHILD)
+    assert detached.status == "ok" and detached.stdout == "started\n"
+    # The fixture checks that its sleeping child is gone with the call.
+
+
+async def test_calls_run_side_by_side():
+    box = Sandbox(SandboxConfig(timeout_s=10.0))
+    results = await asyncio.gather(*(box.run(f"print({i} ** 2)") for i in range(4)))
+    assert [r.stdout for r in results] == ["0\n", "1\n", "4\n", "9\n"]
+
+
+async def test_without_bubblewrap_or_cgroups_it_says_what_still_holds(monkeypatch, tmp_path):
+    """A machine without bubblewrap or a writable cgroup hierarchy: the wall-clock limit, the
+    output cut and the per-process memory limit still hold; network and file isolation do not,
+    and `guarantees()` says so."""
+    monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox_module, "CGROUP_ROOT", tmp_path)
+    box = Sandbox(LIMITS)
+    said = box.guarantees()
+    assert said["timeout"] and said["output"] and not said["no_network"]
+    assert not said["read_only_files"] and not said["memory_total"]
+    assert (await box.run("while True:\n    pass")).status == "timeout"
+    assert (await box.run("x = bytearray(10 * 2**30)")).status == "memory"
+    assert (await box.run(f"import sys\nprint(sys.executable == {sys.executable!r})")).stdout == (
+        "True\n"
+    )
+    assert not leftovers()
