@@ -1,7 +1,9 @@
 """Collation: episodes -> padded tensors for one forward pass of prompt + completion.
 
 Position j of every per-token tensor describes token j+1 of `input_ids`, the token whose
-logprob the model's output at position j gives; `mask` marks the completion tokens.
+logprob the model's output at position j gives. Per-token values are placed at the completion's
+positions; `mask` marks those of them the policy sampled (all of a single-turn completion; a
+multi-turn episode's observation tokens are not trained on).
 """
 
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        """Completion tokens in the batch (what a token-mean loss divides by)."""
+        """Sampled tokens in the batch (what a token-mean loss divides by)."""
         return int(self.mask.sum())
 
 
@@ -82,17 +84,18 @@ def gather_tokens(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]
 
 def collate(episodes: list[Episode], pad_id: int = 0) -> Batch:
     """Pads a list of episodes into a Batch."""
-    input_ids, mask = pad_sequences(sequences(episodes), pad_id)
+    input_ids, completion = pad_sequences(sequences(episodes), pad_id)
 
     def optional(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
         rows = [getattr(e, name) for e in episodes]
-        return None if any(r is None for r in rows) else scatter_tokens(rows, mask, dtype)
+        return None if any(r is None for r in rows) else scatter_tokens(rows, completion, dtype)
 
+    sampled = [e.completion.sampled() for e in episodes]
     return Batch(
         input_ids=input_ids,
-        mask=mask,
+        mask=scatter_tokens(sampled, completion, torch.bool),
         advantages=torch.tensor([e.advantage for e in episodes], dtype=torch.float32),
-        behaviour_logprobs=scatter_tokens([e.completion.logprobs for e in episodes], mask),
+        behaviour_logprobs=scatter_tokens([e.completion.logprobs for e in episodes], completion),
         ref_logprobs=optional("ref_logprobs"),
         teacher_logprobs=optional("teacher_logprobs"),
         teacher_top_ids=optional("teacher_top_ids", torch.long),

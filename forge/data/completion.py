@@ -1,4 +1,6 @@
-"""Completion: one sampled continuation of a prompt, as the generator produced it."""
+"""Completion: one sampled continuation of a prompt, as the generator produced it, or a whole
+multi-turn episode after its first prompt (forge.data.trajectory builds one), whose `mask`
+tells the sampled tokens from the environment's."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,10 @@ class Completion:
         stop_reason: "stop" (end of sequence or a stop string), "length" (max tokens) or
             "abort".
         metadata: free-form (request id, generator replica, ...).
+        mask: 1 on each token the policy sampled, 0 on tokens it was given (a multi-turn
+            episode's observations: their logprob is 0.0 and their version that of the turn
+            before); None when every token was sampled. The loss, the mismatch KL and the
+            staleness bound read only the sampled tokens.
     """
 
     prompt_ids: list[int]
@@ -28,15 +34,23 @@ class Completion:
     token_versions: list[int]
     stop_reason: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    mask: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if not len(self.token_ids) == len(self.logprobs) == len(self.token_versions):
-            raise ValueError(
-                f"completion has {len(self.token_ids)} tokens, {len(self.logprobs)} logprobs "
-                f"and {len(self.token_versions)} versions: they must match"
-            )
+        lengths = [len(self.token_ids), len(self.logprobs), len(self.token_versions)]
+        if self.mask is not None:
+            lengths.append(len(self.mask))
+        if len(set(lengths)) > 1:
+            names = ("tokens", "logprobs", "versions", "mask values")
+            counts = ", ".join(f"{n} {name}" for n, name in zip(lengths, names, strict=False))
+            raise ValueError(f"completion has {counts}: they must match")
+
+    def sampled(self) -> list[int]:
+        """1 for each token the policy sampled, 0 for each it was given."""
+        return [1] * len(self.token_ids) if self.mask is None else self.mask
 
     @property
     def policy_version(self) -> int | None:
-        """The oldest version that sampled any token (None for an empty completion)."""
-        return min(self.token_versions, default=None)
+        """The oldest version that sampled any token (None when none was sampled)."""
+        pairs = zip(self.token_versions, self.sampled(), strict=True)
+        return min((v for v, s in pairs if s), default=None)

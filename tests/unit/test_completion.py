@@ -10,5 +10,5 @@ def test_policy_version_is_the_oldest_token_version():
 
 
 def test_lengths_must_match():
-    with pytest.raises(ValueError, match="3 tokens, 2 logprobs and 3 versions"):
+    with pytest.raises(ValueError, match="3 tokens, 2 logprobs, 3 versions: they must match"):
         Completion([1], [5, 6, 7], "abc", [-0.1, -0.2], [3, 3, 4], "length")
