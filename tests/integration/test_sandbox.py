@@ -5,6 +5,7 @@ saying which); the last test takes both away, as on a machine without them, and 
 still enforced."""
 
 import asyncio
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from forge.envs import sandbox as sandbox_module
 from forge.envs.sandbox import Sandbox, SandboxConfig
+from forge.envs.tools import ToolBox, python_tool
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +126,18 @@ async def test_without_bubblewrap_or_cgroups_it_says_what_still_holds(monkeypatc
         "True\n"
     )
     assert not leftovers()
+
+
+async def test_the_python_tool_answers_with_what_the_code_printed_or_why_it_stopped(sandbox):
+    box = ToolBox([python_tool(sandbox)], timeout_s=LIMITS.timeout_s + 5)
+
+    def call(code: str) -> str:
+        body = json.dumps({"name": "python", "arguments": {"code": code}})
+        return f"<tool_call>{body}</tool_call>"
+
+    text = call("print(1234 * 5678)") + call("1 / 0") + call("while True:\n    pass")
+    product, error, loop = await box.call_all(text)
+    assert (product.ok, product.output) == (True, "7006652\n")
+    raised = "python raised RuntimeError: "
+    assert (error.ok, error.output) == (False, raised + "ZeroDivisionError: division by zero")
+    assert (loop.ok, loop.output) == (False, raised + "stopped: timeout limit")
