@@ -1,0 +1,121 @@
+"""One episode of an environment, turn by turn, into a token-exact trajectory, within limits.
+
+The turns are sampled from the trajectory's own ids (never from re-rendered text); each answer
+of the environment is appended as the ids the chat template renders it to. An episode ends
+when the environment says so, at `max_turns`, when its sampled tokens reach `max_tokens`, or
+when the environment fails: a step that raises or outlives `step_timeout_s` ends it with
+status "error" or "timeout" and reward 0, and the caller decides what becomes of its group.
+"""
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from forge.data.chat import ChatBridge
+from forge.data.completion import Completion
+from forge.data.trajectory import Trajectory
+from forge.envs.environment import Environment, Message
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Status = Literal["done", "max_turns", "max_tokens", "error", "timeout"]
+# Samples one turn: (prompt ids, max tokens) -> the completion of those ids.
+Sampler = Callable[[list[int], int], Awaitable[Completion]]
+
+
+@dataclass
+class EpisodeLimits:
+    """Bounds on one episode.
+
+    Args:
+        max_turns: sampled turns at most.
+        max_tokens: sampled tokens at most, over all turns.
+        turn_tokens: sampled tokens at most in one turn.
+        step_timeout_s: how long one environment step may take.
+    """
+
+    max_turns: int = 4
+    max_tokens: int = 512
+    turn_tokens: int = 128
+    step_timeout_s: float = 30.0
+
+
+@dataclass
+class EpisodeOutcome:
+    """How an episode ended: its trajectory, reward and `env/` counts."""
+
+    trajectory: Trajectory
+    status: Status
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+    metrics: Counter[str] = field(default_factory=Counter)
+    error: str = ""
+
+
+class _EnvFailed(Exception):
+    def __init__(self, status: Status, error: str) -> None:
+        super().__init__(error)
+        self.status, self.error = status, error
+
+
+async def run_episode(
+    env: Environment, bridge: ChatBridge, sample: Sampler, limits: EpisodeLimits
+) -> EpisodeOutcome:
+    """Plays `env` to its end with turns from `sample`, and closes it however the episode ends.
+    The environment's failures end the episode (its outcome says how); the sampler's raise."""
+    outcome = EpisodeOutcome(Trajectory([]), "max_turns")
+    try:
+        messages = list(await _env(env.reset(), limits))
+        outcome.trajectory = Trajectory(bridge.first(messages))
+        await _play(env, bridge, sample, limits, messages, outcome)
+    except _EnvFailed as failure:
+        logger.warning("episode ended by its environment (%s): %s", failure.status, failure)
+        outcome.status, outcome.reward, outcome.error = failure.status, 0.0, failure.error
+        outcome.metrics["errors" if failure.status == "error" else "timeouts"] += 1
+    finally:
+        await env.close()
+    outcome.metrics["turns"] = outcome.trajectory.turns
+    return outcome
+
+
+async def _play(
+    env: Environment,
+    bridge: ChatBridge,
+    sample: Sampler,
+    limits: EpisodeLimits,
+    messages: list[Message],
+    outcome: EpisodeOutcome,
+) -> None:
+    trajectory = outcome.trajectory
+    while trajectory.turns < limits.max_turns:
+        left = limits.max_tokens - trajectory.sampled_tokens
+        if left <= 0:
+            outcome.status = "max_tokens"
+            return
+        turn = await sample(trajectory.context, min(limits.turn_tokens, left))
+        trajectory.add_turn(turn)
+        step = await _env(env.step(turn.text), limits)
+        outcome.metrics.update(step.metrics)
+        if step.done:
+            outcome.status, outcome.reward, outcome.rewards = "done", step.reward, step.rewards
+            return
+        if trajectory.turns < limits.max_turns:
+            trajectory.add_observation(
+                bridge.extend(messages, turn.text, turn.token_ids, step.messages)
+            )
+        messages += [{"role": "assistant", "content": turn.text}, *step.messages]
+
+
+async def _env(call: Awaitable[T], limits: EpisodeLimits) -> T:
+    """An environment call, its raise or overrun turned into the episode's end."""
+    try:
+        async with asyncio.timeout(limits.step_timeout_s):
+            return await call
+    except TimeoutError:
+        raise _EnvFailed("timeout", f"no answer within {limits.step_timeout_s} s") from None
+    except Exception as e:  # the environment's failure ends its episode, not the run
+        raise _EnvFailed("error", f"{type(e).__name__}: {e}") from e
