@@ -36,7 +36,6 @@ Built-in functions, by registry name (`REWARD_FUNCTIONS`):
 """
 
 import functools
-import importlib
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +44,8 @@ from typing import Any, TypeVar
 import reasoning_gym
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
+
+from forge.imports import import_callable
 
 RewardFn = Callable[[Mapping[str, Any], str], float]
 F = TypeVar("F", bound=RewardFn)
@@ -236,17 +237,7 @@ def resolve_reward(spec: str) -> RewardFn:
     """
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
+    if ":" not in spec:
         known = ", ".join(sorted(REWARD_FUNCTIONS))
         raise ValueError(f"unknown reward function {spec!r}: use one of {known} or module:function")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except ModuleNotFoundError as e:
-        hint = f" (is the folder holding {e.name} on PYTHONPATH?)" if e.name == module_name else ""
-        raise ValueError(f"cannot import reward function {spec!r}: {e}{hint}") from e
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot import reward function {spec!r}: {e}") from e
-    if not callable(fn):
-        raise ValueError(f"reward function {spec!r} is a {type(fn).__name__}, not a function")
-    return fn
+    return import_callable(spec, "reward function")

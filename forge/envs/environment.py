@@ -51,6 +51,11 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class EnvironmentLost(RuntimeError):
+    """The episode's environment state is gone (its process died or was replaced): the episode
+    starts again from its first turn, and what was sampled for it is dropped."""
+
+
 class Environment(Protocol):
     """One episode of a task; made by the task's factory from a data row: `factory(row)`."""
 

@@ -5,6 +5,8 @@ of the environment is appended as the ids the chat template renders it to. An ep
 when the environment says so, at `max_turns`, when its sampled tokens reach `max_tokens`, or
 when the environment fails: a step that raises or outlives `step_timeout_s` ends it with
 status "error" or "timeout" and reward 0, and the caller decides what becomes of its group.
+An environment whose state was lost (`EnvironmentLost`) is not a failure of the task: the
+episode is played again from its first turn (`play`).
 """
 
 import asyncio
@@ -17,7 +19,7 @@ from typing import Literal, TypeVar
 from forge.data.chat import ChatBridge
 from forge.data.completion import Completion
 from forge.data.trajectory import Trajectory
-from forge.envs.environment import Environment, Message
+from forge.envs.environment import Environment, EnvironmentLost, Message
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ async def run_episode(
     env: Environment, bridge: ChatBridge, sample: Sampler, limits: EpisodeLimits
 ) -> EpisodeOutcome:
     """Plays `env` to its end with turns from `sample`, and closes it however the episode ends.
-    The environment's failures end the episode (its outcome says how); the sampler's raise."""
+    The environment's failures end the episode (its outcome says how); the sampler's, and a
+    lost environment (`EnvironmentLost`), raise."""
     outcome = EpisodeOutcome(Trajectory([]), "max_turns")
     try:
         messages = list(await _env(env.reset(), limits))
@@ -117,5 +120,27 @@ async def _env(call: Awaitable[T], limits: EpisodeLimits) -> T:
             return await call
     except TimeoutError:
         raise _EnvFailed("timeout", f"no answer within {limits.step_timeout_s} s") from None
+    except EnvironmentLost:
+        raise
     except Exception as e:  # the environment's failure ends its episode, not the run
         raise _EnvFailed("error", f"{type(e).__name__}: {e}") from e
+
+
+async def play(
+    make: Callable[[], Environment],
+    bridge: ChatBridge,
+    sample: Sampler,
+    limits: EpisodeLimits,
+    attempts: int = 3,
+) -> EpisodeOutcome:
+    """`run_episode` on a new environment from `make`, again from the first turn each time the
+    environment is lost, up to `attempts` times; `metrics["restarts"]` counts the restarts."""
+    for restarts in range(attempts):
+        try:
+            outcome = await run_episode(make(), bridge, sample, limits)
+        except EnvironmentLost as lost:
+            logger.warning("episode restarts from its first turn: %s", lost)
+            continue
+        outcome.metrics["restarts"] = restarts
+        return outcome
+    raise EnvironmentLost(f"the episode's environment was lost {attempts} times")

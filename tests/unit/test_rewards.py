@@ -207,5 +207,5 @@ def test_resolve_reward():
         resolve_reward("nope")
     with pytest.raises(ValueError, match="cannot import reward function"):
         resolve_reward("forge.data.rewards:nope")
-    with pytest.raises(ValueError, match="not a function"):
+    with pytest.raises(ValueError, match="not callable"):
         resolve_reward("forge.data.rewards:MATH_VERIFY_TIMEOUT_S")
