@@ -70,8 +70,8 @@ class Sandbox:
     """Runs code under `SandboxConfig`'s limits, one process (tree) per call; calls may run
     concurrently."""
 
-    def __init__(self, cfg: SandboxConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: SandboxConfig | None = None) -> None:
+        self.cfg = cfg or SandboxConfig()
         self._bwrap = shutil.which("bwrap")
         self._cgroups = _cgroup_kind()
 

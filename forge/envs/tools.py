@@ -96,11 +96,13 @@ class Tool:
 
 @dataclass
 class ToolResult:
-    """One call's answer: `ok` False for a malformed call, a tool that raised or timed out."""
+    """One call's answer. `well_formed`: the call parsed and named a tool with arguments it
+    takes; `ok`: and the tool answered (it did not raise or time out)."""
 
     name: str
     ok: bool
     output: str
+    well_formed: bool = True
 
 
 class ToolBox:
@@ -131,24 +133,24 @@ class ToolBox:
         calls = CALL.findall(text)
         answers = [self._call(body) for body in calls[: self.max_calls]]
         results = list(await asyncio.gather(*answers))
-        for _ in calls[self.max_calls :]:
-            results.append(ToolResult("", False, f"more than {self.max_calls} calls in a turn"))
+        too_many = f"more than {self.max_calls} calls in a turn"
+        results += [ToolResult("", False, too_many, False) for _ in calls[self.max_calls :]]
         return results
 
     async def _call(self, body: str) -> ToolResult:
         try:
             call = json.loads(body)
         except json.JSONDecodeError as e:
-            return ToolResult("", False, f"the call is not JSON: {e}")
+            return ToolResult("", False, f"the call is not JSON: {e}", False)
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return ToolResult("", False, 'a call is {"name": ..., "arguments": {...}}')
+            return ToolResult("", False, 'a call is {"name": ..., "arguments": {...}}', False)
         name = call["name"]
         tool = self.tools.get(name)
         if tool is None:
-            return ToolResult(name, False, f"no tool {name!r}; tools: {sorted(self.tools)}")
+            return ToolResult(name, False, f"no tool {name!r}; tools: {sorted(self.tools)}", False)
         problem = tool.check(call.get("arguments", {}))
         if problem:
-            return ToolResult(name, False, f"{name}: {problem}")
+            return ToolResult(name, False, f"{name}: {problem}", False)
         try:
             async with asyncio.timeout(self.timeout_s):
                 output = await _run(tool.fn, call.get("arguments", {}))

@@ -90,6 +90,7 @@ async def test_a_malformed_call_is_answered_with_what_is_wrong(text, error):
     (result,) = await ToolBox([multiply, divide]).call_all(text)
     assert not result.ok
     assert error in result.output
+    assert result.well_formed == ("raised" in error)  # only the tool's own failure parsed
 
 
 async def test_calls_beyond_the_limit_and_output_beyond_its_size_are_refused_and_cut():
