@@ -2,7 +2,7 @@
 
 An environment is made for one episode from a data row. It gives the first prompt (chat
 messages), takes each of the model's turns (its text) and answers with the messages that follow
-it (tool results, a user's feedback), or ends the episode with a reward. It is plain async
+it (tool results, a user's feedback) and a reward, or ends the episode. It is plain async
 Python: forge renders the messages to tokens (forge.data.chat), samples the turns, keeps the
 trajectory token-exact (forge.data.trajectory) and enforces the episode's limits
 (forge.envs.episode).
@@ -38,8 +38,9 @@ class StepResult:
     Args:
         messages: what follows the turn (tool results, feedback); empty when the episode ends.
         done: the episode is over.
-        reward: the episode's reward, read when `done`.
-        rewards: each reward function's score, by name (as reward functions give them).
+        reward: this step's reward; the episode's is the sum over its steps (a task that
+            scores only its answer gives it with `done`).
+        rewards: this step's score from each reward function, by name; summed per name.
         metrics: counts of this step, summed over the episode and logged under `env/` (e.g.
             "tool_calls", "well_formed_calls").
     """

@@ -5,6 +5,7 @@ of the environment is appended as the ids the chat template renders it to. An ep
 when the environment says so, at `max_turns`, when its sampled tokens reach `max_tokens`, or
 when the environment fails: a step that raises or outlives `step_timeout_s` ends it with
 status "error" or "timeout" and reward 0, and the caller decides what becomes of its group.
+Otherwise its reward is the sum of its steps' rewards.
 An environment whose state was lost (`EnvironmentLost`) is not a failure of the task: the
 episode is played again from its first turn (`play`).
 """
@@ -77,7 +78,8 @@ async def run_episode(
         await _play(env, bridge, sample, limits, messages, outcome)
     except _EnvFailed as failure:
         logger.warning("episode ended by its environment (%s): %s", failure.status, failure)
-        outcome.status, outcome.reward, outcome.error = failure.status, 0.0, failure.error
+        outcome.status, outcome.error = failure.status, failure.error
+        outcome.reward, outcome.rewards = 0.0, {}
         outcome.metrics["errors" if failure.status == "error" else "timeouts"] += 1
     finally:
         await env.close()
@@ -103,8 +105,11 @@ async def _play(
         trajectory.add_turn(turn)
         step = await _env(env.step(turn.text), limits)
         outcome.metrics.update(step.metrics)
+        outcome.reward += step.reward
+        for name, score in step.rewards.items():
+            outcome.rewards[name] = outcome.rewards.get(name, 0.0) + score
         if step.done:
-            outcome.status, outcome.reward, outcome.rewards = "done", step.reward, step.rewards
+            outcome.status = "done"
             return
         if trajectory.turns < limits.max_turns:
             trajectory.add_observation(

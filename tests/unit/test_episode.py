@@ -114,3 +114,21 @@ async def test_a_sampler_failure_is_not_the_environment_s_and_is_raised(bridge):
     with pytest.raises(RuntimeError, match="generator replica died"):
         await run_episode(env, bridge, dead, EpisodeLimits())
     assert env.closed
+
+
+async def test_step_rewards_add_up_and_a_truncated_episode_keeps_them(bridge):
+    class Dense(Guess):
+        async def step(self, text):
+            result = await super().step(text)
+            result.reward += 0.25
+            result.rewards = {"step": 0.25}
+            return result
+
+    outcome = await run_episode(
+        Dense(42), bridge, scripted(bridge, ["1", "2", "3"]), EpisodeLimits(max_turns=3)
+    )
+    assert (outcome.status, outcome.reward, outcome.rewards) == ("max_turns", 0.75, {"step": 0.75})
+    failed = await run_episode(
+        Dense(42, fail=KeyError("x")), bridge, scripted(bridge, ["1"]), EpisodeLimits()
+    )
+    assert (failed.status, failed.reward, failed.rewards) == ("error", 0.0, {})
