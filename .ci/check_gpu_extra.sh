@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that `make install GPU=1` can resolve: pip's dry run of the CUDA build of the pinned
-# torch with the gpu, dev and metrics extras, in a throwaway venv (metadata and the resolver
+# torch with the gpu, dev, metrics and envs extras, in a throwaway venv (metadata and the resolver
 # only, nothing is installed). No GPU is needed, so CPU-only CI catches a gpu extra that
 # cannot install (as vllm 0.33.0, which pins another torch, did). One line on failure.
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # As the Makefile's GPU install: `!=2.13.0+cpu` keeps pip off a local CPU wheel of the same
 # version, whose metadata (no triton, no CUDA libraries) would hide conflicts.
 TORCH=${FORGE_GPU_TORCH:-'torch==2.13.0,!=2.13.0+cpu'}
-EXTRAS=.[gpu,dev,metrics]
+EXTRAS=.[gpu,dev,metrics,envs]
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
