@@ -41,6 +41,7 @@ BENCHES = [
     ("precision", "python bench/precision.py", "precision"),
     ("single_process", "python bench/single_process.py", "single_process"),
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
+    ("environments", "python bench/environments.py", "environments"),
 ]
 VARIANTS = {
     "generator-lora": "what serving a LoRA adapter costs the Generator",
