@@ -2,7 +2,7 @@
 
 Each call is a fresh interpreter (`python -I`) started in a temporary folder of its own, which
 is removed afterwards. Where the machine has bubblewrap (`bwrap`, Debian's `bubblewrap`), the
-call sees the file system read-only except that folder and a private /tmp, has no network (a
+call sees the file system read-only except that folder (also its TMPDIR), has no network (a
 network namespace with no interface but loopback) and a PID namespace of its own: when its
 first process ends, the kernel ends every process it started. Its processes and memory are
 capped by a cgroup where forge may create one (v1 or v2 `pids` and `memory` controllers);
@@ -121,13 +121,19 @@ class Sandbox:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # killpg reaches what it starts, namespaces or not
-            env={"PATH": os.defpath, "HOME": str(script.parent), "PYTHONHASHSEED": "0"},
+            env={
+                "PATH": os.defpath,
+                "HOME": str(script.parent),
+                "TMPDIR": str(script.parent),
+                "PYTHONHASHSEED": "0",
+            },
         )
 
     def _isolation(self, folder: Path) -> list[str]:
         return [
             self._bwrap,
-            *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"),
+            # No tmpfs over /tmp: the interpreter itself may live there (a venv in a clone).
+            *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"),
             *("--bind", str(folder), str(folder), "--chdir", str(folder)),
             *("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"),
             *("--die-with-parent", "--new-session"),

@@ -5,7 +5,9 @@ saying which); the last test takes both away, as on a machine without them, and 
 still enforced."""
 
 import asyncio
+import dataclasses
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -141,3 +143,17 @@ async def test_the_python_tool_answers_with_what_the_code_printed_or_why_it_stop
     raised = "python raised RuntimeError: "
     assert (error.ok, error.output) == (False, raised + "ZeroDivisionError: division by zero")
     assert (loop.ok, loop.output) == (False, raised + "stopped: timeout limit")
+
+
+async def test_an_interpreter_under_tmp_runs_and_writes_to_its_own_tmpdir(sandbox, tmp_path):
+    """As in a clone under /tmp whose venv holds the interpreter; the code's temporary files go
+    to its own folder."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    box = Sandbox(dataclasses.replace(LIMITS, python=str(venv / "bin" / "python")))
+    code = "import sys, tempfile\nprint(sys.prefix)\nprint(tempfile.mkstemp()[1])"
+    result = await box.run(code)
+    assert result.status == "ok", result
+    prefix, temporary = result.stdout.splitlines()
+    assert prefix == str(venv)
+    assert Path(temporary).parent.name.startswith("forge-sandbox-")
