@@ -15,6 +15,7 @@ what vLLM, Monarch and torch print to a log file instead.
 
 import contextlib
 import inspect
+import logging
 import os
 import warnings
 from collections.abc import Awaitable
@@ -28,6 +29,7 @@ T = TypeVar("T")
 
 _started: dict[str, Any] = {}
 _log: TextIO | None = None
+_log_handler: logging.Handler | None = None
 
 
 def library_output_to(log: str | Path) -> Path:
@@ -37,9 +39,11 @@ def library_output_to(log: str | Path) -> Path:
     Libraries print in two ways. The actors' processes inherit this kernel's file descriptors
     1 and 2, and Monarch writes the output it forwards from them there too: ipykernel copies
     both into the running cell, so they are pointed at the log. In this process, Python
-    warnings go to the log as well. `print` in the kernel (forge's lines, the notebook's own)
-    keeps the cell: ipykernel's `sys.stdout` does not write to descriptor 1. What an actor
-    prints goes to the log, with the libraries' lines of its process.
+    warnings and the records of Python's logging go to the log as well (without a handler of
+    its own, logging prints warnings to the cell: math-verify's, for one). `print` in the
+    kernel (forge's lines, the notebook's own) keeps the cell: ipykernel's `sys.stdout` does
+    not write to descriptor 1. What an actor prints goes to the log, with the libraries' lines
+    of its process.
     """
     global _log
     log = Path(log).resolve()
@@ -52,6 +56,12 @@ def library_output_to(log: str | Path) -> Path:
         _log.close()
     _log = open(log, "a", buffering=1)  # noqa: SIM115 -- open for the kernel's lifetime
     warnings.showwarning = _warning_to_log
+    global _log_handler
+    root = logging.getLogger()
+    if _log_handler is not None:
+        root.removeHandler(_log_handler)
+    _log_handler = logging.StreamHandler(_log)
+    root.addHandler(_log_handler)
     print(f"library output (vLLM, Monarch, torch) -> {log}")
     return log
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from forge.data.chat import ChatBridge
+from forge.data.chat import ChatBridge, NotAppendOnly
 from forge.data.completion import Completion
 from forge.data.trajectory import Trajectory
 from forge.envs.environment import Environment, EnvironmentLost, Message
@@ -82,7 +82,7 @@ async def run_episode(
         outcome.reward, outcome.rewards = 0.0, {}
         outcome.metrics["errors" if failure.status == "error" else "timeouts"] += 1
     finally:
-        await env.close()
+        await _close(env, limits)
     outcome.metrics["turns"] = outcome.trajectory.turns
     return outcome
 
@@ -112,18 +112,41 @@ async def _play(
             outcome.status = "done"
             return
         if trajectory.turns < limits.max_turns:
-            trajectory.add_observation(
-                bridge.extend(messages, turn.text, turn.token_ids, step.messages)
-            )
+            trajectory.add_observation(_rendered(bridge, messages, turn, step.messages))
         messages += [{"role": "assistant", "content": turn.text}, *step.messages]
+
+
+def _rendered(
+    bridge: ChatBridge, history: list[Message], turn: Completion, new: list[Message]
+) -> list[int]:
+    """The ids of the environment's answer; messages the template cannot render (none, a
+    role it refuses) are the environment's error. A template that rewrites history raises."""
+    try:
+        return bridge.extend(history, turn.text, turn.token_ids, new)
+    except NotAppendOnly:
+        raise
+    except Exception as e:
+        raise _EnvFailed("error", f"its answer does not render: {e}") from e
+
+
+async def _close(env: Environment, limits: EpisodeLimits) -> None:
+    """Closes the environment; a close that fails or hangs is logged, the outcome stands."""
+    try:
+        async with asyncio.timeout(limits.step_timeout_s):
+            await env.close()
+    except Exception as e:
+        logger.warning("environment close failed: %s: %s", type(e).__name__, e)
 
 
 async def _env(call: Awaitable[T], limits: EpisodeLimits) -> T:
     """An environment call, its raise or overrun turned into the episode's end."""
+    deadline = asyncio.timeout(limits.step_timeout_s)
     try:
-        async with asyncio.timeout(limits.step_timeout_s):
+        async with deadline:
             return await call
-    except TimeoutError:
+    except TimeoutError as e:
+        if not deadline.expired():  # the environment's own timeout, raised inside it
+            raise _EnvFailed("error", f"TimeoutError: {e}") from e
         raise _EnvFailed("timeout", f"no answer within {limits.step_timeout_s} s") from None
     except EnvironmentLost:
         raise

@@ -49,7 +49,10 @@ class OpenEnvTask:
         self.env = cls(**(options or {}))
         if not isinstance(self.env, OpenEnvEnvironment):
             raise TypeError(f"{environment} is not an OpenEnv Environment")
-        self.action_type: type[BaseModel] = typing.get_type_hints(type(self.env).step)["action"]
+        action_type = typing.get_type_hints(type(self.env).step).get("action")
+        if not (isinstance(action_type, type) and issubclass(action_type, BaseModel)):
+            raise TypeError(f"{environment}.step's action is not annotated with its Action class")
+        self.action_type: type[BaseModel] = action_type
         self.prompt = list(row.get("prompt") or [])
 
     async def reset(self) -> list[Message]:
@@ -110,7 +113,7 @@ def parse_action(text: str, action_type: type[BaseModel]) -> BaseModel:
 
 
 def _shown(observation: BaseModel) -> str:
-    fields = observation.model_dump(exclude=_SHOWN_APART)
+    fields = observation.model_dump(mode="json", exclude=_SHOWN_APART)
     return str(next(iter(fields.values()))) if len(fields) == 1 else json.dumps(fields)
 
 

@@ -6,8 +6,8 @@ call sees the file system read-only except that folder (also its TMPDIR), has no
 network namespace with no interface but loopback) and a PID namespace of its own: when its
 first process ends, the kernel ends every process it started. Its processes and memory are
 capped by a cgroup where forge may create one (v1 or v2 `pids` and `memory` controllers);
-elsewhere by rlimits on the interpreter (address space, processes; the kernel does not apply
-the process limit to root). A call still running at `timeout_s` is killed with everything it
+elsewhere memory by an rlimit on each process's address space, and processes not at all. A
+call still running at `timeout_s`, or whose caller cancels it, is killed with everything it
 started. What it prints is cut to `output_bytes` per stream, read to the end so that the call
 never blocks on a full pipe.
 
@@ -18,6 +18,7 @@ never blocks on a full pipe.
 """
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+logger = logging.getLogger(__name__)
 Status = Literal["ok", "error", "timeout", "memory"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CHUNK = 1 << 16
@@ -86,7 +88,7 @@ class Sandbox:
             "read_only_files": isolated,
             "kill_all_descendants": isolated or capped,
             "memory_total": capped,
-            "processes": capped or os.geteuid() != 0,
+            "processes": capped,
         }
 
     async def run(self, code: str) -> SandboxResult:
@@ -96,13 +98,31 @@ class Sandbox:
         with tempfile.TemporaryDirectory(prefix="forge-sandbox-") as folder:
             script = Path(folder) / "main.py"
             script.write_text(code)
-            group = _Cgroup.create(self._cgroups, self.cfg) if self._cgroups else None
+            group = self._group()
             try:
                 proc = await self._start(script, group)
-                out, err, timed_out = await self._wait(proc, group)
+                try:
+                    out, err, timed_out = await self._wait(proc, group)
+                except BaseException:  # cancelled (a caller's deadline): the code ends too
+                    _kill_session(proc.pid)
+                    if group:
+                        group.kill()
+                    await asyncio.shield(proc.wait())
+                    raise
             finally:
                 oom = group.close() if group else False
         return self._result(proc.returncode, out, err, timed_out, oom, time.monotonic() - start)
+
+    def _group(self) -> "_Cgroup | None":
+        """A cgroup for one call, or None where forge may not make one (then rlimits)."""
+        if self._cgroups is None:
+            return None
+        try:
+            return _Cgroup.create(self._cgroups, self.cfg)
+        except OSError as e:  # e.g. a cgroup v2 root whose pids/memory controllers are off
+            logger.warning("sandbox: no cgroup (%s); rlimits from now on", e)
+            self._cgroups = None
+            return None
 
     async def _start(self, script: Path, group: "_Cgroup | None") -> asyncio.subprocess.Process:
         command = [self.cfg.python, "-I", "-B", str(script)]
@@ -111,9 +131,9 @@ class Sandbox:
         if group:  # the shell joins the cgroup, then becomes the call: every child inherits it
             joins = " && ".join(f"echo $$ > {procs}" for procs in group.procs)
             command = ["sh", "-c", f'{joins} && exec "$@"', "sh", *command]
-        else:  # rlimits, set by a command rather than in the child: this process has threads
-            memory, nproc = self.cfg.memory_mb << 20, self.cfg.max_processes
-            command = ["prlimit", f"--as={memory}", f"--nproc={nproc}", "--", *command]
+        else:  # an rlimit, set by a command rather than in the child: this process has threads
+            # No process limit: RLIMIT_NPROC counts every process of the user, not the call's.
+            command = ["prlimit", f"--as={self.cfg.memory_mb << 20}", "--", *command]
         return await asyncio.create_subprocess_exec(
             *command,
             cwd=script.parent,
@@ -125,7 +145,6 @@ class Sandbox:
                 "PATH": os.defpath,
                 "HOME": str(script.parent),
                 "TMPDIR": str(script.parent),
-                "PYTHONHASHSEED": "0",
             },
         )
 
@@ -229,28 +248,46 @@ class _Cgroup:
             limits = {"pids.max": pids, "memory.limit_in_bytes": mem}
             if (mem.parent / "memory.memsw.limit_in_bytes").exists():  # swap counted too
                 limits["memory.memsw.limit_in_bytes"] = mem
-        for folder in group.folders:
-            folder.mkdir()
-        for limit, folder in limits.items():
-            value = cfg.max_processes if limit == "pids.max" else cfg.memory_mb << 20
-            (folder / limit).write_text(str(0 if limit == "memory.swap.max" else value))
+        try:
+            for folder in group.folders:
+                folder.mkdir()
+            for limit, folder in limits.items():
+                if limit == "memory.swap.max" and not (folder / limit).exists():
+                    continue  # swap not accounted here
+                value = cfg.max_processes if limit == "pids.max" else cfg.memory_mb << 20
+                (folder / limit).write_text(str(0 if limit == "memory.swap.max" else value))
+        except OSError:
+            for folder in group.folders:
+                if folder.exists():
+                    folder.rmdir()
+            raise
         return group
 
     def kill(self) -> None:
-        """Kills every process in the group, until none is left."""
+        """Kills every process in the group, until none is left (a bounded wait)."""
         for procs in self.procs:
-            while pids := [int(p) for p in procs.read_text().split()]:
+            for _ in range(500):
+                pids = [int(p) for p in procs.read_text().split()]
+                if not pids:
+                    break
                 for pid in pids:
                     _kill(pid)
                 time.sleep(0.01)
 
     def close(self) -> bool:
         """Kills whatever is left, removes the group; whether the memory limit killed any of
-        its processes."""
+        its processes. A group the kernel will not remove yet is logged, not raised."""
         self.kill()
         events = dict(line.split() for line in self._oom_events.read_text().splitlines())
         for folder in self.folders:
-            folder.rmdir()
+            for attempt in range(100):
+                try:
+                    folder.rmdir()
+                    break
+                except OSError as e:  # EBUSY while its last tasks exit
+                    if attempt == 99:
+                        logger.warning("sandbox: cgroup %s left behind: %s", folder, e)
+                    time.sleep(0.01)
         return int(events.get("oom_kill", 0)) > 0
 
 

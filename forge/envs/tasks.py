@@ -31,25 +31,31 @@ _BINARY = {
     ast.Mod: operator.mod,
 }
 _MAX_DIGITS = 40
+_MAX_CHARS = 200
 
 
 def calculator(expression: str) -> str:
     """Evaluates an arithmetic expression: numbers, + - * / // % and parentheses."""
+    if len(expression) > _MAX_CHARS:
+        raise ValueError(f"an expression of more than {_MAX_CHARS} characters")
 
     def value(node: ast.AST) -> int | float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return _bounded(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            result = _BINARY[type(node.op)](value(node.left), value(node.right))
-            if abs(result) >= 10**_MAX_DIGITS:
-                raise ValueError(f"a result of more than {_MAX_DIGITS} digits")
-            return result
+            return _bounded(_BINARY[type(node.op)](value(node.left), value(node.right)))
         raise ValueError(f"not arithmetic: {ast.unparse(node)[:40]!r}")
 
     result = value(ast.parse(expression, mode="eval").body)
     return str(int(result) if isinstance(result, float) and result.is_integer() else result)
+
+
+def _bounded(number: int | float) -> int | float:
+    if not abs(number) < 10**_MAX_DIGITS:  # also inf and nan
+        raise ValueError(f"a number of more than {_MAX_DIGITS} digits, or not finite")
+    return number
 
 
 class ToolTask:

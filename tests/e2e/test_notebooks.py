@@ -18,9 +18,11 @@ pytestmark = pytest.mark.integration
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIRST = ROOT / "notebooks" / "01_actors_and_services.ipynb"
-# What vLLM, Monarch, torch and Python's warnings print; a notebook sends it to its log file.
+# What vLLM, Monarch, torch, Python's warnings and libraries' loggers (math-verify's timeout
+# notice) print; a notebook sends it to its log file.
 LIBRARY_LINE = re.compile(
     r"WARNING|INFO|Warning|it/s\]|Monarch internal logs|Triton|\(EngineCore|\(MainProcess"
+    r"|Timeout is disabled"
 )
 # A cell (found by a piece of its code) whose output is exactly these lines.
 EXACT_OUTPUT = {

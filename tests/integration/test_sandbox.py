@@ -157,3 +157,20 @@ async def test_an_interpreter_under_tmp_runs_and_writes_to_its_own_tmpdir(sandbo
     prefix, temporary = result.stdout.splitlines()
     assert prefix == str(venv)
     assert Path(temporary).parent.name.startswith("forge-sandbox-")
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "bubblewrap alone"])
+async def test_a_call_its_caller_cancels_ends_with_everything_it_started(
+    sandbox, cgroups, monkeypatch, tmp_path
+):
+    """A caller's deadline (a tool call's, shorter than the sandbox's) cancels the call: its
+    processes end then, not at the sandbox's own limit (the fixture checks none is left), with
+    a cgroup or with bubblewrap's namespaces alone."""
+    if not cgroups:
+        monkeypatch.setattr(sandbox_module, "CGROUP_ROOT", tmp_path)
+        sandbox = Sandbox(LIMITS)
+    code = DETACHED_CHILD + "while True:\n    pass"
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(1.0):
+            await sandbox.run(code)
+    assert not leftovers()

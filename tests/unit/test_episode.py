@@ -132,3 +132,25 @@ async def test_step_rewards_add_up_and_a_truncated_episode_keeps_them(bridge):
         Dense(42, fail=KeyError("x")), bridge, scripted(bridge, ["1"]), EpisodeLimits()
     )
     assert (failed.status, failed.reward, failed.rewards) == ("error", 0.0, {})
+
+
+async def test_an_answer_that_does_not_render_and_a_close_that_fails_are_the_environment_s(bridge):
+    class Silent(Guess):
+        async def step(self, text):
+            return StepResult()  # neither done nor saying anything
+
+        async def close(self):
+            raise OSError("already closed")
+
+    outcome = await run_episode(Silent(42), bridge, scripted(bridge, ["1"]), EpisodeLimits())
+    assert outcome.status == "error"
+    assert outcome.error.startswith("its answer does not render: a turn is followed by")
+
+
+async def test_a_timeout_the_environment_raises_itself_is_its_error_not_the_step_limit(bridge):
+    class Slow(Guess):
+        async def step(self, text):
+            raise TimeoutError("reward took too long")
+
+    outcome = await run_episode(Slow(42), bridge, scripted(bridge, ["1"]), EpisodeLimits())
+    assert (outcome.status, outcome.error) == ("error", "TimeoutError: reward took too long")

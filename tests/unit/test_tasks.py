@@ -29,6 +29,9 @@ def test_the_calculator_does_arithmetic_and_nothing_else():
         ("9 ** 9 ** 9", "not arithmetic"),
         ("10 ** 2", "not arithmetic"),
         ("99999999999999999999999 * 99999999999999999999999", "more than 40 digits"),
+        ("1e300", "more than 40 digits"),
+        ("1e400 - 1e400", "not finite"),
+        ("1 + " * 100 + "1", "more than 200 characters"),
     ]:
         with pytest.raises(ValueError, match=error):
             calculator(bad)
