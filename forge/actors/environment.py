@@ -60,6 +60,8 @@ class EnvironmentActor(ForgeActor):
     @concurrent_endpoint
     async def open(self, episode: str, row: dict[str, Any]) -> list[Message]:
         """Makes the episode's environment from its row; its first prompt."""
+        if episode in self.open_envs:
+            raise ValueError(f"episode {episode} is open already")
         env = self.factory(row, **self.cfg.options)
         self.open_envs[episode] = env
         return await env.reset()

@@ -45,6 +45,7 @@ class SandboxConfig:
         memory_mb: memory of the call's processes together (a cgroup), or of each (rlimit).
         max_processes: processes and threads the call may have at once.
         output_bytes: what is kept of stdout and of stderr each; the rest is read and dropped.
+        file_mb: the largest file the call may write (an rlimit on each of its processes).
         python: the interpreter that runs the code (this one by default).
     """
 
@@ -52,6 +53,7 @@ class SandboxConfig:
     memory_mb: int = 512
     max_processes: int = 32
     output_bytes: int = 4096
+    file_mb: int = 64
     python: str = sys.executable
 
 
@@ -128,12 +130,15 @@ class Sandbox:
         command = [self.cfg.python, "-I", "-B", str(script)]
         if self._bwrap:
             command = [*self._isolation(script.parent), *command]
+        # rlimits, set by a command rather than in the child (this process has threads). No
+        # process limit: RLIMIT_NPROC counts every process of the user, not the call's.
+        limits = [f"--fsize={self.cfg.file_mb << 20}"]
+        if group is None:
+            limits.append(f"--as={self.cfg.memory_mb << 20}")
+        command = ["prlimit", *limits, "--", *command]
         if group:  # the shell joins the cgroup, then becomes the call: every child inherits it
             joins = " && ".join(f"echo $$ > {procs}" for procs in group.procs)
             command = ["sh", "-c", f'{joins} && exec "$@"', "sh", *command]
-        else:  # an rlimit, set by a command rather than in the child: this process has threads
-            # No process limit: RLIMIT_NPROC counts every process of the user, not the call's.
-            command = ["prlimit", f"--as={self.cfg.memory_mb << 20}", "--", *command]
         return await asyncio.create_subprocess_exec(
             *command,
             cwd=script.parent,

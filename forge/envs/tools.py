@@ -74,8 +74,11 @@ class Tool:
             "function": {
                 "name": self.name,
                 "description": self.description,
-                "parameters": {"type": "object", "properties": properties},
-                "required": self.required,
+                "parameters": {
+                    "type": "object",
+                    "properties": properties,
+                    "required": self.required,
+                },
             },
         }
 

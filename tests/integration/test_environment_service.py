@@ -93,3 +93,16 @@ async def test_a_factory_that_does_not_import_fails_the_start_in_one_line():
     with pytest.raises(Exception, match="cannot import environment factory 'helper_envs:Nope'"):
         await EnvironmentActor.as_service(EnvConfig("helper_envs:Nope"))
     await shutdown()
+
+
+async def test_an_episode_opened_twice_is_refused_and_its_environment_kept():
+    try:
+        envs = await EnvironmentActor.as_service(EnvConfig("helper_envs:Guess"))
+        await envs.open.route("e0", {"secret": 5})
+        with pytest.raises(Exception, match="episode e0 is open already"):
+            await envs.open.route("e0", {"secret": 6})
+        step = await envs.step.route("e0", "5")  # still the first environment
+        open_after = await envs.episodes_open.fanout()
+    finally:
+        await shutdown()
+    assert step.done and open_after == [1]

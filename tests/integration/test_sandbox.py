@@ -174,3 +174,9 @@ async def test_a_call_its_caller_cancels_ends_with_everything_it_started(
         async with asyncio.timeout(1.0):
             await sandbox.run(code)
     assert not leftovers()
+
+
+async def test_a_file_past_the_size_limit_is_refused(sandbox):
+    box = Sandbox(dataclasses.replace(LIMITS, file_mb=1))
+    result = await box.run("open('big', 'wb').write(b'x' * (2 << 20))")
+    assert result.status == "error" and "File too large" in result.stderr, result

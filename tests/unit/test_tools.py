@@ -35,8 +35,8 @@ def test_a_typed_function_becomes_a_tool_with_its_schema():
             "parameters": {
                 "type": "object",
                 "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a"],
             },
-            "required": ["a"],
         },
     }
     assert Tool.of(multiply).description == "Multiplies two integers."
