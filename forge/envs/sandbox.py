@@ -103,14 +103,7 @@ class Sandbox:
             group = self._group()
             try:
                 proc = await self._start(script, group)
-                try:
-                    out, err, timed_out = await self._wait(proc, group)
-                except BaseException:  # cancelled (a caller's deadline): the code ends too
-                    _kill_session(proc.pid)
-                    if group:
-                        group.kill()
-                    await asyncio.shield(proc.wait())
-                    raise
+                out, err, timed_out = await self._wait(proc, group)
             finally:
                 oom = group.close() if group else False
         return self._result(proc.returncode, out, err, timed_out, oom, time.monotonic() - start)
@@ -174,10 +167,7 @@ class Sandbox:
                 await proc.wait()
             return out, err, False
         except TimeoutError:
-            _kill_session(proc.pid)
-            if group:
-                group.kill()
-            await proc.wait()
+            await _end(proc, group)
             try:  # the pipes close with the last process holding them
                 async with asyncio.timeout(1.0):
                     out, err = await reads
@@ -185,6 +175,10 @@ class Sandbox:
                 reads.cancel()
                 out, err = b"", b""
             return out, err, True
+        except BaseException:  # cancelled (a caller's deadline): the code ends too
+            reads.cancel()
+            await asyncio.shield(_end(proc, group))
+            raise
 
     def _result(
         self, code: int | None, out: bytes, err: bytes, timed_out: bool, oom: bool, seconds: float
@@ -212,6 +206,14 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
         elif cap < 0:
             kept = (kept + chunk)[cap - 1 :]
     return bytes(kept)
+
+
+async def _end(proc: asyncio.subprocess.Process, group: "_Cgroup | None") -> None:
+    """Kills the call's session and cgroup, and waits for its first process."""
+    _kill_session(proc.pid)
+    if group:
+        group.kill()
+    await proc.wait()
 
 
 def _kill_session(pid: int) -> None:
