@@ -86,7 +86,6 @@ async def test_an_exception_is_an_error_whose_last_line_names_it(sandbox):
 async def test_what_would_take_the_machine_is_stopped_and_reported(sandbox, code, status):
     result = await sandbox.run(code)
     assert result.status == status, result
-    assert result.seconds < LIMITS.timeout_s + 2
 
 
 async def test_no_network_no_writes_outside_its_folder_and_no_process_outlives_it(sandbox):
