@@ -42,6 +42,7 @@ BENCHES = [
     ("single_process", "python bench/single_process.py", "single_process"),
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
     ("environments", "python bench/environments.py", "environments"),
+    ("episode_rollouts", "python bench/episode_rollouts.py", "episode_rollouts"),
 ]
 VARIANTS = {
     "generator-lora": "what serving a LoRA adapter costs the Generator",
