@@ -5,6 +5,7 @@ import asyncio
 from pathlib import Path
 
 from forge.envs.environment import StepResult
+from forge.envs.tasks import GuessNumber
 
 
 class Guess:
@@ -33,3 +34,25 @@ class Guess:
 
     async def close(self) -> None:
         pass
+
+
+class SlowGuess:
+    """forge's GuessNumber, each step taking `step_s` seconds (a replica killed mid-run then
+    has episodes mid-step), never answering the first step of a row whose index is a multiple
+    of `hang_every` (its group times out)."""
+
+    def __init__(self, row: dict, step_s: float, hang_every: int, high: int) -> None:
+        self.game = GuessNumber(row, high)
+        self.step_s, self.hang = step_s, row["index"] % hang_every == 0
+
+    async def reset(self) -> list[dict]:
+        return await self.game.reset()
+
+    async def step(self, text: str) -> StepResult:
+        if self.hang:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.step_s)
+        return await self.game.step(text)
+
+    async def close(self) -> None:
+        await self.game.close()

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
-from forge.data import Completion, Episode
+from forge.data import Episode
+from forge.envs.episode import EpisodeOutcome
 from forge.loop import RLConfig, RLLoop
-from forge.loop.rl import BusyClock
 from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel
 from forge.observability import Reduce, record_metric
+from forge.observability.busy import BusyClock
 from forge.placement.roles import Resources, Role
 
 
@@ -88,7 +89,8 @@ class Distill(RLLoop):
         self.teacher = actors["teacher"]
         self.teacher_busy = BusyClock()
 
-    async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
+    async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
+        completions = [o.trajectory.completion() for o in outcomes]
         pairs = [(c.prompt_ids, c.token_ids) for c in completions]
         start = time.perf_counter()
         k = self.cfg.teacher_top_k
@@ -114,8 +116,11 @@ class Distill(RLLoop):
                     teacher_top_logprobs=t.top_logprobs,
                 )
             )
-            # log p - log q under the generator's weights: the KL each sample was drawn with.
-            kl = sum(s - t for s, t in zip(c.logprobs, lp, strict=True)) / max(len(lp), 1)
+            # log p - log q under the generator's weights, over the tokens the student sampled:
+            # the KL each sample was drawn with.
+            sampled = c.sampled()
+            diffs = [s - t for s, t, m in zip(c.logprobs, lp, sampled, strict=True) if m]
+            kl = sum(diffs) / max(len(diffs), 1)
             record_metric("rollout/seq_reverse_kl", kl)
             record_metric("rollout/seq_reverse_kl_std", kl, Reduce.STD)
             record_metric("rollout/seq_reverse_kl_max", kl, Reduce.MAX)

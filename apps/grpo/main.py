@@ -2,9 +2,10 @@
 
     forge run apps/grpo/main.py --config configs/grpo/smollm2_cpu.yaml [key=value ...]
 
-The loop (rollout workers behind the admission gate, train, publish, eval) is forge.loop's;
-what makes it GRPO is `score`: each completion is rewarded, rewards are normalised within the
-prompt's group into advantages, and (with a KL term) a reference model scores the tokens.
+The loop (rollout workers behind the admission gate, episodes of the run's environment, train,
+publish, eval) is forge.loop's; what makes it GRPO is `score`: each episode's answer is
+rewarded, rewards are normalised within the row's group into advantages, and (with a KL term) a
+reference model scores the tokens.
 """
 
 from dataclasses import dataclass
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
-from forge.data import Completion, Episode
+from forge.data import Episode
+from forge.envs.config import EnvConfig
+from forge.envs.episode import EpisodeOutcome
 from forge.loop import RLConfig, RLLoop
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
@@ -28,9 +31,14 @@ class Config(RLConfig):
         super().__post_init__()
         if self.trainer.loss.kl_coef > 0 and self.reference is None:
             raise ValueError("trainer.loss.kl_coef > 0 needs a reference model config")
+        if not self.reward.functions and self.env.factory == EnvConfig.factory:
+            raise ValueError(
+                "reward.functions is empty and env.factory (ToolTask) rewards nothing itself: "
+                "every advantage would be 0"
+            )
 
     def scores(self) -> bool:
-        return True  # every rollout
+        return bool(self.reward.functions)  # every rollout's answer
 
     def roles(self) -> list[Role]:
         if self.reference is None:
@@ -48,25 +56,24 @@ class GRPO(RLLoop):
         await super().attach(actors)
         self.reference = actors.get("reference")
 
-    async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
-        scores = await self.reward.evaluate.route(
-            [row] * len(completions), [c.text for c in completions]
-        )
-        advantages = group_advantages(torch.tensor([s.reward for s in scores]))
+    async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
+        failures = await self.episodes.score([row] * len(outcomes), outcomes)
+        advantages = group_advantages(torch.tensor([o.reward for o in outcomes]))
+        completions = [o.trajectory.completion() for o in outcomes]
         episodes = [
-            Episode(f"{group}-{i}", str(group), c, s.reward, s.rewards, float(a))
-            for i, (c, s, a) in enumerate(zip(completions, scores, advantages, strict=True))
+            Episode(f"{group}-{i}", str(group), c, o.reward, o.rewards, float(a))
+            for i, (c, o, a) in enumerate(zip(completions, outcomes, advantages, strict=True))
         ]
         if self.reference is not None:
             pairs = [(c.prompt_ids, c.token_ids) for c in completions]
             for e, lp in zip(episodes, await self.reference.logprobs.call_one(pairs), strict=True):
                 e.ref_logprobs = lp
-        for s in scores:
-            record_metric("rollout/reward", s.reward)
-            record_metric("rollout/reward_std", s.reward, Reduce.STD)
-            for name, value in s.rewards.items():
+        for o in outcomes:
+            record_metric("rollout/reward", o.reward)
+            record_metric("rollout/reward_std", o.reward, Reduce.STD)
+            for name, value in o.rewards.items():
                 record_metric(f"rollout/reward/{name}", value)
-            record_metric("rollout/reward_failures", len(s.failed), Reduce.SUM)
+        record_metric("rollout/reward_failures", failures, Reduce.SUM)
         return episodes
 
 

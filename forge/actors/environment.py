@@ -15,7 +15,6 @@ run in the replicas, never in the caller's loop.
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from monarch.actor import ActorError, endpoint
@@ -23,28 +22,15 @@ from monarch.actor.concurrent import concurrent_endpoint
 
 from forge.controller import ForgeActor
 from forge.controller.service.service import ReplicaDiedError, Service
+from forge.envs.config import EnvConfig
 from forge.envs.environment import Environment, EnvironmentLost, Message, StepResult
-from forge.imports import import_callable
 
 T = TypeVar("T")
 
 
-@dataclass
-class EnvConfig:
-    """Which environment an episode gets.
-
-    Args:
-        factory: "module:attribute" of a callable (a class) taking the episode's data row and
-            `options` as keyword arguments, returning an Environment.
-        options: keyword arguments for the factory.
-    """
-
-    factory: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-
 class EnvironmentActor(ForgeActor):
-    """Opens, steps and closes environments by episode id."""
+    """Opens, steps and closes environments by episode id (`cfg.factory` and `cfg.options`
+    make them; the rest of the env section is the caller's)."""
 
     def __init__(self, cfg: EnvConfig) -> None:
         super().__init__()
@@ -55,7 +41,7 @@ class EnvironmentActor(ForgeActor):
     @endpoint
     async def setup(self) -> None:
         """Imports the factory: a bad name fails the start, in one line."""
-        self.factory = import_callable(self.cfg.factory, "environment factory")
+        self.factory = self.cfg.resolve()
 
     @concurrent_endpoint
     async def open(self, episode: str, row: dict[str, Any]) -> list[Message]:

@@ -30,7 +30,8 @@ class RewardConfig:
     Args:
         functions: names in forge.data.rewards.REWARD_FUNCTIONS ("reasoning_gym",
             "math_verify", "format"), "module:function" import paths, or names given to
-            RewardActor's `custom` argument.
+            RewardActor's `custom` argument; none where the environment's own rewards are
+            the whole reward (the run then starts no reward service).
         weights: name -> weight in the total reward; unlisted functions weigh 1.0.
         timeout_s: deadline of one function on one completion.
         num_workers: worker processes running the functions (calls run one at a time in each).
@@ -44,8 +45,6 @@ class RewardConfig:
     startup_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if not self.functions:
-            raise ValueError("functions: name at least one reward function")
         if len(set(self.functions)) != len(self.functions):
             raise ValueError(f"functions: {self.functions} names a function twice")
         unknown = sorted(set(self.weights) - set(self.functions))

@@ -83,5 +83,5 @@ class Trajectory:
             token_versions=list(self.token_versions),
             stop_reason=self.stop_reason,
             metadata={"turns": self.turns},
-            mask=list(self.mask),
+            mask=None if all(self.mask) else list(self.mask),  # a single turn: all sampled
         )

@@ -2,7 +2,8 @@
 
 The turns are sampled from the trajectory's own ids (never from re-rendered text); each answer
 of the environment is appended as the ids the chat template renders it to. An episode ends
-when the environment says so, at `max_turns`, when its sampled tokens reach `max_tokens`, or
+when the environment says so, at `max_turns`, when its sampled tokens reach `max_tokens`, when
+its tokens fill the model's context (`max_context`: no room left for a turn), or
 when the environment fails: a step that raises or outlives `step_timeout_s` ends it with
 status "error" or "timeout" and reward 0, and the caller decides what becomes of its group.
 Otherwise its reward is the sum of its steps' rewards.
@@ -25,9 +26,10 @@ from forge.envs.environment import Environment, EnvironmentLost, Message
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Status = Literal["done", "max_turns", "max_tokens", "error", "timeout"]
-# Samples one turn: (prompt ids, max tokens) -> the completion of those ids.
-Sampler = Callable[[list[int], int], Awaitable[Completion]]
+Status = Literal["done", "max_turns", "max_tokens", "max_context", "error", "timeout"]
+# Samples one turn: (prompt ids, sampled tokens left in the episode or None) -> the completion
+# of those ids, at most that many tokens long and no longer than the sampler's own turn budget.
+Sampler = Callable[[list[int], int | None], Awaitable[Completion]]
 
 
 @dataclass
@@ -36,15 +38,20 @@ class EpisodeLimits:
 
     Args:
         max_turns: sampled turns at most.
-        max_tokens: sampled tokens at most, over all turns.
-        turn_tokens: sampled tokens at most in one turn.
-        step_timeout_s: how long one environment step may take.
+        max_tokens: sampled tokens at most, over all turns; None: only each turn's own budget
+            (the generator's `sampling.max_tokens`) bounds them.
+        step_timeout_s: how long one environment call (reset, step, close) may take.
     """
 
     max_turns: int = 4
-    max_tokens: int = 512
-    turn_tokens: int = 128
+    max_tokens: int | None = None
     step_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or (self.max_tokens is not None and self.max_tokens < 1):
+            raise ValueError(f"max_turns and max_tokens must be >= 1, got {self}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be positive, got {self.step_timeout_s}")
 
 
 @dataclass
@@ -66,16 +73,22 @@ class _EnvFailed(Exception):
 
 
 async def run_episode(
-    env: Environment, bridge: ChatBridge, sample: Sampler, limits: EpisodeLimits
+    env: Environment,
+    bridge: ChatBridge,
+    sample: Sampler,
+    limits: EpisodeLimits,
+    max_context: int | None = None,
 ) -> EpisodeOutcome:
     """Plays `env` to its end with turns from `sample`, and closes it however the episode ends.
     The environment's failures end the episode (its outcome says how); the sampler's, and a
-    lost environment (`EnvironmentLost`), raise."""
+    lost environment (`EnvironmentLost`), raise. `max_context`: the model's context length
+    (prompt and sampled tokens together); a turn after the first is given at most the room
+    left in it."""
     outcome = EpisodeOutcome(Trajectory([]), "max_turns")
     try:
         messages = list(await _env(env.reset(), limits))
         outcome.trajectory = Trajectory(bridge.first(messages))
-        await _play(env, bridge, sample, limits, messages, outcome)
+        await _play(env, bridge, sample, limits, max_context, messages, outcome)
     except _EnvFailed as failure:
         logger.warning("episode ended by its environment (%s): %s", failure.status, failure)
         outcome.status, outcome.error = failure.status, failure.error
@@ -92,16 +105,22 @@ async def _play(
     bridge: ChatBridge,
     sample: Sampler,
     limits: EpisodeLimits,
+    max_context: int | None,
     messages: list[Message],
     outcome: EpisodeOutcome,
 ) -> None:
     trajectory = outcome.trajectory
     while trajectory.turns < limits.max_turns:
-        left = limits.max_tokens - trajectory.sampled_tokens
-        if left <= 0:
-            outcome.status = "max_tokens"
+        bounds: dict[Status, int] = {}
+        if limits.max_tokens is not None:
+            bounds["max_tokens"] = limits.max_tokens - trajectory.sampled_tokens
+        if max_context is not None and trajectory.turns:  # a first prompt too long is an error
+            bounds["max_context"] = max_context - len(trajectory.context)
+        spent = [status for status, left in bounds.items() if left <= 0]
+        if spent:
+            outcome.status = spent[0]
             return
-        turn = await sample(trajectory.context, min(limits.turn_tokens, left))
+        turn = await sample(trajectory.context, min(bounds.values(), default=None))
         trajectory.add_turn(turn)
         step = await _env(env.step(turn.text), limits)
         outcome.metrics.update(step.metrics)
@@ -159,13 +178,14 @@ async def play(
     bridge: ChatBridge,
     sample: Sampler,
     limits: EpisodeLimits,
+    max_context: int | None = None,
     attempts: int = 3,
 ) -> EpisodeOutcome:
     """`run_episode` on a new environment from `make`, again from the first turn each time the
     environment is lost, up to `attempts` times; `metrics["restarts"]` counts the restarts."""
     for restarts in range(attempts):
         try:
-            outcome = await run_episode(make(), bridge, sample, limits)
+            outcome = await run_episode(make(), bridge, sample, limits, max_context)
         except EnvironmentLost as lost:
             logger.warning("episode restarts from its first turn: %s", lost)
             continue

@@ -1,19 +1,18 @@
 """Tasks forge ships as environments: a question answered with the help of tools, and
 guess-a-number. Any data section's rows feed them (`row["prompt"]`, `row["answer"]`).
 
-`ToolTask` is the general case of today's single-turn task: without tools, the first turn is
-the answer and the reward functions score it; with tools, each turn that calls tools gets their
-results as `tool` messages, and the first turn that calls none is the answer.
+`ToolTask` is the general case of the single-turn task (the `env` section's default): without
+tools, the first turn is the answer; with tools, each turn that calls tools gets their results
+as `tool` messages, and the first turn that calls none is the answer. The run's reward
+functions (the `reward` section) score that answer, as they score a single-turn one.
 """
 
 import ast
-import asyncio
 import operator
 import random
 import re
 from typing import Any
 
-from forge.data.rewards import resolve_reward
 from forge.envs.environment import Message, StepResult
 from forge.envs.sandbox import Sandbox
 from forge.envs.tools import ToolBox, python_tool
@@ -59,39 +58,28 @@ def _bounded(number: int | float) -> int | float:
 
 
 class ToolTask:
-    """A data row's question, tools to answer it with, reward functions to score the answer.
+    """A data row's question and the tools to answer it with; it ends at the answer, which the
+    run's reward functions score (the environment itself rewards nothing).
 
     Args:
-        row: the data row (its `prompt` messages; what the reward functions read).
+        row: the data row (its `prompt` messages).
         tools: "calculator" (arithmetic, in process) and "python" (code, in the sandbox), or
             none: a single-turn task.
-        rewards: reward function names (forge.data.rewards) scoring the final answer.
-        weights: name -> weight in the reward (1.0 unlisted).
-        reward_timeout_s: how long the reward functions may take.
     """
 
-    def __init__(
-        self,
-        row: dict[str, Any],
-        tools: list[str] | None = None,
-        rewards: list[str] | None = None,
-        weights: dict[str, float] | None = None,
-        reward_timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, row: dict[str, Any], tools: list[str] | None = None) -> None:
         self.row = row
         unknown = sorted(set(tools or []) - {"calculator", "python"})
         if unknown:
             raise ValueError(f"tools: {unknown} unknown; forge's are calculator and python")
         made = {"calculator": lambda: calculator, "python": lambda: python_tool(Sandbox())}
         self.toolbox = ToolBox([made[name]() for name in tools or []])
-        self.rewards = {name: resolve_reward(name) for name in rewards or ["reasoning_gym"]}
-        self.weights = weights or {}
-        self.reward_timeout_s = reward_timeout_s
 
     async def reset(self) -> list[Message]:
         messages = list(self.row["prompt"])
         if self.toolbox.tools:
-            names = ", ".join(f"{t.name}: {t.description}" for t in self.toolbox.tools.values())
+            tools = self.toolbox.tools.values()
+            names = ", ".join(f"{t.name}: {t.description.rstrip('.')}" for t in tools)
             system = {"role": "system", "content": TOOL_FORMAT.replace("{tools}", names)}
             messages = [system, *[m for m in messages if m["role"] != "system"]]
         return messages
@@ -106,16 +94,10 @@ class ToolTask:
                 "tool_errors": sum(not c.ok for c in calls),
             }
             return StepResult([{"role": "tool", "content": a} for a in answers], metrics=counts)
-        async with asyncio.timeout(self.reward_timeout_s):
-            scores = await asyncio.to_thread(self._score, text)
-        reward = sum(self.weights.get(name, 1.0) * s for name, s in scores.items())
-        return StepResult(done=True, reward=reward, rewards=scores)
+        return StepResult(done=True)
 
     async def close(self) -> None:
         pass
-
-    def _score(self, text: str) -> dict[str, float]:
-        return {name: float(fn(self.row, text)) for name, fn in self.rewards.items()}
 
 
 class GuessNumber:

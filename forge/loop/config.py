@@ -4,12 +4,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from forge.actors.dataset import DatasetActor
+from forge.actors.environment import EnvironmentActor
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
+from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.placement.roles import Resources, Role
 from forge.weights.sync_config import WeightSyncConfig
@@ -98,6 +100,12 @@ class RunConfig:
             the pipeline model predicts faster; elsewhere "split".
         weight_sync: what a published version holds (dtype, LoRA adapters or full weights)
             and how it travels: one section, given to the trainer and to the generators.
+        env: the environment every rollout and eval answer is an episode of (docs/
+            environments.md); by default the single-turn task.
+        env_resources: unset: the environments live in the loop's process (for tasks whose
+            steps are quick and never block); set: in an EnvironmentActor service of
+            `num_replicas` replicas, where tool calls run; a replica that dies is respawned and
+            its episodes are played again from their first turn.
     """
 
     run_dir: str = "runs/forge"
@@ -113,26 +121,33 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)
+    env_resources: Resources | None = None
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "dataset": "renamed to data (one data section for every app: docs/data.md)"
     }
 
     def roles(self) -> list[Role]:
-        """The run's roles, in placement order: the trainer; the generators and the reward
-        service where the run generates and scores (`generates`, `scores`). Apps add theirs
-        after these."""
+        """The run's roles, in placement order: the trainer; the generators (and the
+        environment service, with `env_resources`) and the reward service where the run
+        generates and scores (`generates`, `scores`). Apps add theirs after these."""
         t = self.trainer_resources
         sync = self.weight_sync  # one object for both: they cannot disagree
         roles = [Role("trainer", TitanTrainer, (self.trainer, sync), t, "trainer_resources")]
         if self.generates():
             g, args = self.generator_resources, (self.generator, sync)
             roles.append(Role("generator", Generator, args, g, "generator_resources", True))
+            if (envs := self.env_resources) is not None:
+                args = (self.env,)
+                roles.append(
+                    Role("environment", EnvironmentActor, args, envs, "env_resources", True)
+                )
         if self.scores():
             roles.append(Role("reward", RewardActor, (self.reward,), service=True))
         return roles
@@ -142,8 +157,9 @@ class RunConfig:
         return self.eval.interval > 0
 
     def scores(self) -> bool:
-        """Whether the run needs the reward service: here, for the held-out eval only."""
-        return self.eval.interval > 0
+        """Whether the run needs the reward service: here, for the held-out eval only (and
+        only where reward functions are named: an environment may reward on its own)."""
+        return self.eval.interval > 0 and bool(self.reward.functions)
 
 
 @dataclass
@@ -191,4 +207,5 @@ class RLConfig(RunConfig):
             self.generator.model, w.dtype, t.model, t.dtype, self.buffer.batch_size,
             self.group_size, s.max_tokens, self.data.path or self.data.task, t.micro_batch_size,
             t.logits_chunk_tokens, t.activation_checkpointing, t.objective, w.lora,
+            self.env.factory, repr(self.env.options), self.env.limits.max_turns,
         )  # fmt: skip

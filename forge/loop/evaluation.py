@@ -1,4 +1,4 @@
-"""Held-out evaluation: the generators answer fixed rows greedily, in the background."""
+"""Held-out evaluation: one greedy episode per fixed row, in the background."""
 
 import asyncio
 import dataclasses
@@ -10,7 +10,7 @@ from typing import Any
 
 from forge.data.datasets import DataConfig, PromptDataset, Row, open_dataset
 from forge.loop.config import EvalConfig
-from forge.loop.generator_handle import GeneratorHandle
+from forge.loop.episodes import Episodes, all_or_none, record_outcomes
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -60,32 +60,25 @@ class Evaluator:
     """Scores the weights the generators hold on a fixed held-out set, without blocking.
 
     `start(step, version)` launches one evaluation as a task and returns at once: training
-    goes on while the generators answer (each row is one greedy generate call) and the reward
-    service scores them. An evaluation due while the previous one still runs is skipped and
-    counted (`eval/skipped`), so evals never queue up behind each other; a failed evaluation is
-    reported in one line and counted (`eval/failed`), and training goes on. Results go to the
-    step's metrics (`eval/reward`, `eval/reward/<function>`) and to `eval.jsonl` in the run
-    folder, one line per evaluation, tagged with the policy version evaluated.
+    goes on while each row is played as one episode, its turns sampled greedily, and the reward
+    functions score its answer (an episode its environment cut short scores 0). An evaluation
+    due while the previous one still runs is skipped and counted (`eval/skipped`), so evals
+    never queue up behind each other; a failed evaluation is reported in one line and counted
+    (`eval/failed`), and training goes on. Results go to the
+    step's metrics (`eval/reward`, `eval/reward/<function>`, the episodes' `eval/env/` counts)
+    and to `eval.jsonl` in the run folder, one line per evaluation, tagged with the policy
+    version evaluated.
 
     Args:
         rows: the held-out dataset rows (forge.data.datasets layout).
-        generator: the generators (their handle takes the colocated generating turn).
-        reward: the reward service.
-        max_tokens: generation budget per answer.
+        episodes: plays and scores the episodes (its generators take the colocated turn).
+        max_tokens: generation budget per turn.
         path: the eval.jsonl file (appended).
     """
 
-    def __init__(
-        self,
-        rows: list[dict],
-        generator: GeneratorHandle,
-        reward: Any,
-        max_tokens: int,
-        path: Path,
-    ) -> None:
+    def __init__(self, rows: list[dict], episodes: Episodes, max_tokens: int, path: Path) -> None:
         self.rows = rows
-        self.generator = generator
-        self.reward = reward
+        self.episodes = episodes
         self.sampling = {"temperature": 0.0, "max_tokens": max_tokens}
         self.path = path
         self.task: asyncio.Task | None = None
@@ -112,29 +105,34 @@ class Evaluator:
             say(f"eval of version {version} failed: {(str(e).splitlines() or [repr(e)])[0]}")
 
     async def evaluate(self, step: int, version: int) -> dict[str, Any]:
-        """Answers every row greedily and scores the answers; records and returns the result."""
+        """Plays every row greedily and scores the answers; records and returns the result."""
         start = time.perf_counter()
-        answers = await asyncio.gather(*(self._answer(row) for row in self.rows))
-        completions = [a[0] for a in answers]
-        scores = await self.reward.evaluate.route(self.rows, [c.text for c in completions])
-        versions = [v for c in completions for v in c.token_versions]
+        played = await all_or_none(self._play(row) for row in self.rows)
+        outcomes = [outcome for (outcome,) in played]
+        await self.episodes.score(self.rows, outcomes)
+        record_outcomes(outcomes, "eval/env")
+        versions = [
+            v
+            for o in outcomes
+            for v, sampled in zip(o.trajectory.token_versions, o.trajectory.mask, strict=True)
+            if sampled
+        ]
+        names = sorted({name for o in outcomes for name in o.rewards})
         result = {
             "step": step,
             "version": version,
             "token_versions": [min(versions, default=version), max(versions, default=version)],
-            "reward": _mean([s.reward for s in scores]),
+            "reward": _mean([o.reward for o in outcomes]),
             "rewards": {
-                name: _mean([s.rewards[name] for s in scores]) for name in scores[0].rewards
+                name: _mean([o.rewards.get(name, 0.0) for o in outcomes]) for name in names
             },
             "seconds": time.perf_counter() - start,
         }
         self._record(result)
         return result
 
-    async def _answer(self, row: dict) -> list:
-        return await self.generator.generate(
-            row["prompt"], n=1, sampling=self.sampling, purpose="eval"
-        )
+    async def _play(self, row: dict) -> list:
+        return await self.episodes.play(row, 1, self.sampling, purpose="eval")
 
     def _record(self, result: dict[str, Any]) -> None:
         self.results.append(result)

@@ -32,6 +32,10 @@ class GeneratorHandle:
         forgetting it is safe."""
         return self.turns.generating()
 
+    def session(self) -> AbstractAsyncContextManager[None]:
+        """Routes every generate call inside the block to one replica (a new one if it dies)."""
+        return self.service.session()
+
     async def generate(
         self,
         prompt: str | list[dict[str, str]] | list[int],

@@ -1,9 +1,10 @@
 """RLLoop: training on the run's own samples, asynchronously by default, bounded in staleness.
 
-Rollout workers (several tasks): dataset row -> generator.generate (G samples of one prompt)
--> `score` (the app's: rewards and advantages for GRPO, teacher logprobs for distillation) ->
-replay buffer; an admission gate keeps at most (max_policy_age + 1) batches ahead of the
-trainer. Training loop: buffer.sample -> trainer.train_step -> publish (trainer push ->
+Rollout workers (several tasks): dataset row -> G episodes of the run's environment, their
+turns sampled by the generators (forge.loop.episodes; a single-turn task's episode is one
+completion) -> `score` (the app's: rewards and advantages for GRPO, teacher logprobs for
+distillation) -> replay buffer; an admission gate keeps at most (max_policy_age + 1) batches
+ahead of the trainer. Training loop: buffer.sample -> trainer.train_step -> publish (trainer push ->
 generator update). `mode: sync` alternates the two strictly (generate a batch, then train on
 it): the baseline async mode is measured against, and the same data as async mode with
 `max_policy_age: 0`.
@@ -15,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from forge.data.admission import AdmissionGate
-from forge.data.completion import Completion
 from forge.data.episode import Episode
+from forge.envs.episode import EpisodeOutcome
 from forge.loop.config import RLConfig, overlaps
+from forge.loop.episodes import FAILED, record_outcomes
 from forge.loop.run import Run
 from forge.loop.trainer_handle import TrainerDied
 from forge.observability import Reduce, record_metric
@@ -40,7 +42,6 @@ class RLLoop(Run):
         self.delivering = asyncio.Lock()  # held while a group enters the buffer
         self.left_reported = 0  # episodes reported to the gate as gone from the buffer
         self.stop = asyncio.Event()
-        self.busy = BusyClock()  # time with at least one generate call running
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
@@ -92,11 +93,10 @@ class RLLoop(Run):
 
         async def one(group: int) -> list[Episode]:
             row = await self.dataset.nth.call_one(group)
-            sampling = {"seed": seed_base + group * cfg.group_size}
-            completions = await self.generator.generate(
-                row["prompt"], n=cfg.group_size, sampling=sampling
-            )
-            return await self.score(group, row, completions)
+            try:
+                return await self.play_group(group, row, seed_base + group * cfg.group_size)
+            except GroupFailed:
+                return []  # a group a run would drop is not timed either
 
         return [e for group in await asyncio.gather(*map(one, range(groups))) for e in group]
 
@@ -111,8 +111,9 @@ class RLLoop(Run):
 
     # --- rollouts -----------------------------------------------------------------------------
 
-    async def score(self, group: int, row: dict, completions: list[Completion]) -> list[Episode]:
-        """The group's episodes, ready to train on (the app's objective decides what that is)."""
+    async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
+        """The group's episodes, ready to train on (the app's objective decides what that is);
+        each outcome's trajectory is what was sampled, its reward what the environment gave."""
         raise NotImplementedError
 
     def take_group(self) -> int:
@@ -146,20 +147,34 @@ class RLLoop(Run):
         self.gate.restore(stats["size"])
 
     async def rollout(self, group: int) -> list[Episode]:
-        """One prompt, G samples, scored by the app."""
+        """One row, G episodes, scored by the app.
+
+        Raises:
+            GroupFailed: an episode was cut short by its environment (it raised or hung); the
+                whole group is dropped, so its advantages never rest on a partial group.
+        """
         row = await self.dataset.nth.call_one(group)
         seed = self.cfg.seed * 1_000_003 + group * self.cfg.group_size
         # Scoring in the same turn: a teacher model's pass must not run while a colocated
         # trainer does.
         async with self.generator.turn():
-            async with self.busy:
-                completions = await self.generator.generate(
-                    row["prompt"], n=self.cfg.group_size, sampling={"seed": seed}
-                )
-            episodes = await self.score(group, row, completions)
+            episodes = await self.play_group(group, row, seed)
         for episode in episodes:
             episode.row = row["index"]
         return episodes
+
+    async def play_group(self, group: int, row: dict, seed: int) -> list[Episode]:
+        """The row's G episodes, counted under `env/` and scored by the app; GroupFailed if
+        one was cut short by its environment."""
+        outcomes = await self.episodes.play(row, self.cfg.group_size, seed=seed)
+        record_outcomes(outcomes)
+        failed = [o for o in outcomes if o.status in FAILED]
+        if failed:
+            raise GroupFailed(
+                f"{len(failed)} of its {len(outcomes)} episodes ended by the environment "
+                f"({failed[0].status}: {failed[0].error}); the group is dropped"
+            )
+        return await self.score(group, row, outcomes)
 
     async def rollout_worker(self) -> None:
         """Starts a rollout whenever the admission gate allows one, until the run stops.
@@ -181,12 +196,8 @@ class RLLoop(Run):
             except Exception as e:
                 self.in_flight.discard(group)
                 await self.gate.finished(self.cfg.group_size, kept=0)
-                record_metric("rollout/failed_groups", 1, Reduce.SUM)
                 failures += 1
-                message = str(e).splitlines()[0] if str(e) else repr(e)
-                say(f"rollout of group {group} failed ({failures} in a row): {message}")
-                if failures >= MAX_FAILURES_IN_A_ROW:
-                    raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from e
+                _report_failed(group, e, failures)
                 await asyncio.sleep(min(2.0**failures, 30.0))
                 continue
             failures = 0
@@ -205,14 +216,27 @@ class RLLoop(Run):
         await self.gate.finished(len(episodes))
 
     async def sync_rollouts(self) -> None:
-        """Generates exactly one batch, all on the current weights (the synchronous baseline)."""
+        """Generates exactly one batch, all on the current weights (the synchronous baseline);
+        a group whose rollout failed is counted and replaced by the next one, until
+        MAX_FAILURES_IN_A_ROW failures with no success between them."""
         start = time.perf_counter()
-        groups = [
-            self.take_group() for _ in range(self.cfg.buffer.batch_size // self.cfg.group_size)
-        ]
-        batches = await asyncio.gather(*(self.rollout(g) for g in groups))
+        wanted, failures = self.cfg.buffer.batch_size // self.cfg.group_size, 0
+        batches: list[list[Episode]] = []
+        while len(batches) < wanted:
+            groups = [self.take_group() for _ in range(wanted - len(batches))]
+            results = await asyncio.gather(*map(self.rollout, groups), return_exceptions=True)
+            for group, result in zip(groups, results, strict=True):
+                if not isinstance(result, BaseException):
+                    batches.append(result)
+                    failures = 0
+                    continue
+                if not isinstance(result, Exception):  # cancelled: the run is stopping
+                    raise result
+                self.in_flight.discard(group)
+                failures += 1
+                _report_failed(group, result, failures)
         await self.buffer.add.call_one([e for b in batches for e in b])
-        self.in_flight.difference_update(groups)
+        self.in_flight.clear()
         record_metric("rollout/batch_s", time.perf_counter() - start)
 
     # --- training -----------------------------------------------------------------------------
@@ -299,7 +323,7 @@ class RLLoop(Run):
             except TrainerDied as e:
                 await self.restart_trainer(e)  # back at its checkpoint: those steps again
                 continue
-            record_metric("generator/idle_fraction", self.busy.idle_fraction())
+            record_metric("generator/idle_fraction", self.episodes.busy.idle_fraction())
             logged.append(await self.log_step(step, self.started))
             self.placer.measured(time.perf_counter() - self.step_ended)
             self.step_ended = time.perf_counter()
@@ -318,31 +342,17 @@ class RLLoop(Run):
         self.workers = []
 
 
-class BusyClock:
-    """Measures the fraction of time with at least one call inside `async with`."""
+class GroupFailed(RuntimeError):
+    """A group's rollout that cannot be trained on: the rollout worker counts it and goes on."""
 
-    def __init__(self) -> None:
-        self.inside = 0
-        self.busy = 0.0
-        self.since = self.start = time.perf_counter()
 
-    async def __aenter__(self) -> None:
-        if self.inside == 0:
-            self.since = time.perf_counter()
-        self.inside += 1
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.inside -= 1
-        if self.inside == 0:
-            self.busy += time.perf_counter() - self.since
-
-    def busy_seconds(self) -> float:
-        """Seconds with at least one call inside so far."""
-        return self.busy + (time.perf_counter() - self.since if self.inside else 0.0)
-
-    def idle_fraction(self) -> float:
-        elapsed = time.perf_counter() - self.start
-        return 1 - self.busy_seconds() / max(elapsed, 1e-9)
+def _report_failed(group: int, error: Exception, failures: int) -> None:
+    """Counts and reports a failed group's rollout; raises after MAX_FAILURES_IN_A_ROW."""
+    record_metric("rollout/failed_groups", 1, Reduce.SUM)
+    message = str(error).splitlines()[0] if str(error) else repr(error)
+    say(f"rollout of group {group} failed ({failures} in a row): {message}")
+    if failures >= MAX_FAILURES_IN_A_ROW:
+        raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from error
 
 
 def _left_buffer(stats: dict[str, Any]) -> int:

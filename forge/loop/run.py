@@ -25,10 +25,12 @@ from typing import Any
 
 from forge.config import config_error
 from forge.controller import get_provisioner, init_provisioner, shutdown
+from forge.data.chat import ChatBridge
 from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.episode import Episode
 from forge.data.rewards import check_columns, resolve_reward
 from forge.loop.config import RunConfig
+from forge.loop.episodes import Episodes
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.plan import plan_run
@@ -106,14 +108,29 @@ class Run:
             await torchstore_compat.initialize()
         self.trained_log = (self.run_dir / "trained_episodes.jsonl").open("a")
         self.timeline_log = (self.run_dir / "timeline.jsonl").open("a")
+        # The episodes' chat bridge needs the generators' tokenizer: loaded while they start.
+        generates = cfg.generates()
+        if generates:
+            tokenizer = asyncio.ensure_future(
+                asyncio.to_thread(load_tokenizer, cfg.generator.model)
+            )
         actors = await spawn_roles(self.plan.roles)
         # The handles take the colocated turns: no caller can forget them.
         self.trainer = TrainerHandle(actors["trainer"], self.placer.turns)
         self.generator: GeneratorHandle | None = None
-        if "generator" in actors:
+        self.reward = actors.get("reward")
+        if generates:
             self.generator = GeneratorHandle(actors["generator"], self.placer.turns)
             self.generator.service.on_recover = self.recover_generator
-        self.reward = actors.get("reward")
+            self.episodes = Episodes(
+                cfg.env,
+                self.generator,
+                ChatBridge(await tokenizer),
+                cfg.generator.sampling.max_tokens,
+                cfg.generator.max_model_len,
+                actors.get("environment"),
+                self.reward,
+            )
         await self.attach(actors)
         sources = list(actors.values())  # every role's actors: the trainer's mesh too
         # Which hosts each role's processes landed on, for the user (and tests) to check.
@@ -139,11 +156,7 @@ class Run:
         say(self.placer.line())
         if self.held_out is not None:
             self.evaluator = Evaluator(
-                self.held_out.rows,
-                self.generator,
-                self.reward,
-                cfg.eval.max_tokens,
-                self.run_dir / "eval.jsonl",
+                self.held_out.rows, self.episodes, cfg.eval.max_tokens, self.run_dir / "eval.jsonl"
             )
             self.held_out.write(self.run_dir / "eval_rows.jsonl")
             if not resumed:
@@ -186,6 +199,9 @@ class Run:
             data = open_dataset(cfg.data, cfg.eval.hold_out())
         with config_error("eval"):
             held_out = eval_rows(cfg.eval, cfg.data, data) if cfg.eval.interval else None
+        if cfg.generates():
+            with config_error("env.factory"):
+                cfg.env.resolve()  # a name that does not import fails before any process
         with config_error("reward.functions"):
             functions = {name: resolve_reward(name) for name in cfg.reward.functions}
             check_columns(functions, data.name, data.columns)
@@ -367,6 +383,7 @@ class Run:
             "episodes": [e.episode_id for e in episodes],
             "rows": [e.row for e in episodes],
             "policy_versions": [e.policy_version for e in episodes],
+            "turns": [e.completion.metadata.get("turns", 1) for e in episodes],
         }
         self.trained_log.write(json.dumps(record) + "\n")
         self.trained_log.flush()
@@ -440,6 +457,15 @@ class Run:
                     say(f"merged model: {merged}")
         except TrainerDied as e:
             say(f"{e}: no final checkpoint or export")
+
+
+def load_tokenizer(model: str) -> Any:
+    """The Hugging Face tokenizer of `model` (a name forge.models resolves, or a folder)."""
+    from transformers import AutoTokenizer  # seconds to import: a thread's work, off the loop
+
+    from forge.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(model))
 
 
 # A generator's busy intervals on the timeline, by the purpose of its calls.

@@ -13,10 +13,11 @@ import pytest
 from helper_runs import wait_until
 from transformers import AutoTokenizer
 
-from forge.actors.environment import EnvConfig, EnvironmentActor, RemoteEnvironment
+from forge.actors.environment import EnvironmentActor, RemoteEnvironment
 from forge.controller import shutdown
 from forge.data import Completion
 from forge.data.chat import ChatBridge
+from forge.envs.config import EnvConfig
 from forge.envs.episode import EpisodeLimits, play
 from forge.models import smollm2
 
@@ -32,7 +33,7 @@ def guessing(bridge: ChatBridge):
     """A sampler whose turn n answers "n"."""
     tokenizer = bridge.tokenizer
 
-    async def sample(context: list[int], max_tokens: int) -> Completion:
+    async def sample(context: list[int], max_tokens: int | None) -> Completion:
         turn = tokenizer.decode(context).count("<|im_start|>assistant")
         ids = [*tokenizer.encode(str(turn), add_special_tokens=False), tokenizer.eos_token_id]
         return Completion(context, ids, str(turn), [-0.1] * len(ids), [0] * len(ids), "stop")

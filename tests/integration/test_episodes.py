@@ -21,7 +21,8 @@ from forge.weights.transport import TransportConfig
 
 pytestmark = pytest.mark.integration
 
-LIMITS = EpisodeLimits(max_turns=3, max_tokens=60, turn_tokens=16)
+LIMITS = EpisodeLimits(max_turns=3, max_tokens=60)
+TURN_TOKENS = 16
 
 
 class Counting:
@@ -66,7 +67,7 @@ def sampler(generator, before_turn=None):
         if before_turn:
             await before_turn(turns)
         (completion,) = await generator.generate.call_one(
-            context, sampling={"max_tokens": max_tokens}
+            context, sampling={"max_tokens": min(max_tokens, TURN_TOKENS)}
         )
         return completion
 

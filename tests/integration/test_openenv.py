@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from forge.actors.environment import EnvConfig, EnvironmentActor, RemoteEnvironment
+from forge.actors.environment import EnvironmentActor, RemoteEnvironment
 from forge.controller import shutdown
 from forge.data import Completion
 from forge.data.chat import ChatBridge
+from forge.envs.config import EnvConfig
 from forge.envs.episode import EpisodeLimits, play, run_episode
 from forge.envs.openenv import OpenEnvTask
 from forge.models import smollm2
@@ -42,7 +43,7 @@ def importable(echo_env, monkeypatch):
 def scripted(bridge: ChatBridge, turns: list[str]):
     tokenizer, texts = bridge.tokenizer, iter(turns)
 
-    async def sample(context: list[int], max_tokens: int) -> Completion:
+    async def sample(context: list[int], max_tokens: int | None) -> Completion:
         text = next(texts)
         ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
         return Completion(context, ids, text, [-0.1] * len(ids), [0] * len(ids), "stop")

@@ -4,13 +4,10 @@ cannot run here): a wrong key or type in them fails this test, not a cluster job
 from pathlib import Path
 
 import pytest
+from helper_configs import APPS, CONFIGS, ROOT
 
 from forge.cli import load_app
 from forge.config import ConfigError, load_config
-
-ROOT = Path(__file__).parents[2]
-APPS = {"grpo": "grpo", "distillation": "distillation", "sft": "sft"}  # config folder -> app
-CONFIGS = sorted((ROOT / "configs").glob("*/*.yaml"))
 
 
 def schema(config: Path) -> type:
@@ -26,7 +23,9 @@ def test_app_config_loads(path):
     cfg = load_config(schema(path), path)
     assert (
         cfg.trainer.objective
-        == {"grpo": "grpo", "distillation": "distill", "sft": "sft"}[path.parent.name]
+        == {"grpo": "grpo", "agent": "grpo", "distillation": "distill", "sft": "sft"}[
+            path.parent.name
+        ]
     )
     if path.parent.name != "sft":
         assert cfg.buffer.batch_size % cfg.group_size == 0
@@ -43,6 +42,14 @@ def test_an_app_refuses_an_objective_it_cannot_train():
     distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
     with pytest.raises(ConfigError, match="trainer.objective must be 'distill'"):
         load_config(schema(distill), distill, ["trainer.objective=grpo"])
+
+
+def test_grpo_refuses_a_run_where_nothing_rewards():
+    grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match="ToolTask\\) rewards nothing itself"):
+        load_config(schema(grpo), grpo, ["reward.functions=[]"])
+    agent = ROOT / "configs" / "agent" / "tiny_cpu.yaml"  # guess-a-number rewards itself
+    assert load_config(schema(agent), agent).reward.functions == []
 
 
 @pytest.mark.parametrize(

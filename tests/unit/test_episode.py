@@ -47,7 +47,7 @@ def scripted(bridge: ChatBridge, guesses: list[str], asked: list[int] | None = N
     """A sampler answering each turn with the next guess (version = turn number)."""
     tokenizer, turns = bridge.tokenizer, iter(guesses)
 
-    async def sample(context: list[int], max_tokens: int) -> Completion:
+    async def sample(context: list[int], max_tokens: int | None) -> Completion:
         if asked is not None:
             asked.append(max_tokens)
         text = next(turns)
@@ -82,10 +82,22 @@ async def test_turn_and_token_limits_end_an_episode_without_a_trailing_observati
     assert (outcome.status, outcome.reward, outcome.trajectory.turns) == ("max_turns", 0.0, 2)
     assert outcome.trajectory.mask[-1] == 1  # nothing appended after the last turn
     asked: list[int] = []
-    limits = EpisodeLimits(max_turns=9, max_tokens=5, turn_tokens=4)
+    limits = EpisodeLimits(max_turns=9, max_tokens=5)
     outcome = await run_episode(Guess(42), bridge, scripted(bridge, ["1", "2", "3"], asked), limits)
     assert outcome.status == "max_tokens"
-    assert asked == [4, 3, 1]  # each turn 2 tokens ("n" and the end of turn): 5, 3, 1 left
+    assert asked == [5, 3, 1]  # each turn 2 tokens ("n" and the end of turn): 5, 3, 1 left
+
+
+async def test_a_turn_gets_the_room_left_in_the_context_and_none_ends_the_episode(bridge):
+    two = EpisodeLimits(max_turns=2)
+    whole = await run_episode(Guess(42), bridge, scripted(bridge, ["50", "7"]), two)
+    lower = whole.trajectory.mask.index(0, 2)  # the first turn, then "lower" in its markup
+    context = len(whole.trajectory.prompt_ids) + whole.trajectory.mask.index(1, lower) + 1
+    asked: list[int] = []
+    play = scripted(bridge, ["50", "7", "9"], asked)
+    outcome = await run_episode(Guess(42), bridge, play, EpisodeLimits(max_turns=9), context)
+    assert asked == [None, 1]  # the first turn: its own budget; the second: the token left
+    assert (outcome.status, outcome.trajectory.turns) == ("max_context", 2)
 
 
 @pytest.mark.parametrize(

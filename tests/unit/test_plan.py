@@ -5,10 +5,10 @@ config is one line naming its keys, and the plan is what Run.start gets from the
 
 import asyncio
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helper_configs import APPS, CONFIGS, ROOT
 
 import forge.controller.provisioner as provisioner
 import forge.loop.run as run_module
@@ -17,9 +17,6 @@ from forge.config import ConfigError, load_config
 from forge.loop.plan import plan_run
 from forge.placement.plan import ClusterShape, PlanError
 
-ROOT = Path(__file__).parents[2]
-APPS = {"grpo": "grpo", "distillation": "distillation", "sft": "sft"}  # config folder -> app
-CONFIGS = sorted((ROOT / "configs").glob("*/*.yaml"))
 CPU_HOST = ClusterShape(hosts=1, gpus_per_host=0, cpus_per_host=2)  # the CPU configs' machine
 # The machine each shipped config says it is written for (its header comment).
 SHAPES = {
@@ -57,6 +54,10 @@ def test_a_run_places_the_roles_it_needs_and_no_other():
         return [r.name for r in plan_run(cfg, CPU_HOST).roles]
 
     assert names(config("sft/tiny_cpu")) == ["trainer", "generator", "reward"]  # eval only
+    # Environments in replicas; no reward functions (guess-a-number rewards itself): no service.
+    agent = ["trainer", "generator", "environment", "buffer", "dataset"]
+    assert names(config("agent/tiny_cpu")) == agent
+    assert "environment" not in names(config("agent/tiny_cpu", "env_resources=null"))
     sft = config("sft/tiny_cpu", "eval.interval=0")
     assert names(sft) == ["trainer"] and plan_run(sft, CPU_HOST).placement == "split"
     grpo = config("grpo/tiny_cpu", "eval.interval=0")
@@ -305,6 +306,8 @@ def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatc
     monkeypatch.setattr(provisioner, "proc_env", _record)
     monkeypatch.setattr(run_module.MetricLogger, "from_config", _stop)
     monkeypatch.setattr(run_module, "make_transport", lambda cfg: _Transport())
+    # The GPU configs' checkpoints are not on this machine: a tokenizer stands in for theirs.
+    monkeypatch.setattr(run_module, "load_tokenizer", lambda model: SimpleNamespace(eos_token=""))
     if cfg.weight_sync.transport.kind == "torchstore":
         from forge.weights import torchstore_compat
 

@@ -37,8 +37,8 @@ def test_the_calculator_does_arithmetic_and_nothing_else():
             calculator(bad)
 
 
-async def test_a_tool_turn_gets_its_results_and_the_answer_turn_its_reward():
-    task = ToolTask(ROW, tools=["calculator"], rewards=["math_verify", "format"])
+async def test_a_tool_turn_gets_its_results_and_the_answer_turn_ends_the_episode():
+    task = ToolTask(ROW, tools=["calculator"])
     first = await task.reset()
     assert first[0]["role"] == "system" and "calculator" in first[0]["content"]
     assert first[1:] == ROW["prompt"]
@@ -48,22 +48,19 @@ async def test_a_tool_turn_gets_its_results_and_the_answer_turn_its_reward():
     assert step.messages[1]["content"].startswith("error: calculator raised SyntaxError")
     assert step.metrics == {"tool_calls": 2, "well_formed_calls": 2, "tool_errors": 1}
     done = await task.step("<answer>35651295</answer>")
-    assert (done.done, done.reward) == (True, 2.0)
-    assert done.rewards == {"math_verify": 1.0, "format": 1.0}
+    assert (done.done, done.reward, done.messages) == (True, 0.0, [])  # reward: the run's
 
 
 async def test_without_tools_the_first_turn_is_the_answer_even_if_it_calls_one():
-    task = ToolTask(ROW, rewards=["math_verify"])
+    task = ToolTask(ROW)
     assert await task.reset() == ROW["prompt"]
     step = await task.step(f"{call('1 + 1')} <answer>35651296</answer>")
-    assert (step.done, step.reward) == (True, 0.0)
+    assert step.done and step.metrics == {}
 
 
-def test_an_unknown_tool_or_reward_fails_when_the_environment_is_made():
+def test_an_unknown_tool_fails_when_the_environment_is_made():
     with pytest.raises(ValueError, match=r"tools: \['abacus'\] unknown"):
         ToolTask(ROW, tools=["abacus"])
-    with pytest.raises(ValueError, match="unknown reward function 'nope'"):
-        ToolTask(ROW, rewards=["nope"])
 
 
 async def test_guess_a_number_answers_higher_or_lower_until_found():

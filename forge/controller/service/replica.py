@@ -12,7 +12,12 @@ from monarch.actor import ActorError
 
 
 class CallAbandoned(Exception):
-    """Raised by `Replica.call` when the service gives up on the replica while the call waits."""
+    """Raised by `Replica.call` when the service gives up on the replica while the call waits:
+    `died` says whether its process is known dead (else it hung)."""
+
+    def __init__(self, message: str, died: bool) -> None:
+        super().__init__(message)
+        self.died = died
 
 
 class ReplicaState(Enum):
@@ -63,6 +68,7 @@ class Replica:
         self.metrics = ReplicaMetrics()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._calls: set[asyncio.Task] = set()
+        self.abandoned_dead = False  # why the last abandoned calls were: a death, or a hang
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -89,13 +95,16 @@ class Replica:
         except asyncio.CancelledError:
             # `abandon_calls` swapped the set and cancelled the call; our own task was not.
             if calls is not self._calls and not asyncio.current_task().cancelling():
-                raise CallAbandoned(f"replica {self.index} abandoned the call to {name}") from None
+                message = f"replica {self.index} abandoned the call to {name}"
+                raise CallAbandoned(message, self.abandoned_dead) from None
             raise
         finally:
             calls.discard(call)
 
-    def abandon_calls(self) -> None:
-        """Makes every call waiting on this replica raise CallAbandoned; later calls are not."""
+    def abandon_calls(self, died: bool) -> None:
+        """Makes every call waiting on this replica raise CallAbandoned (`died`: its process is
+        known dead, else hung); later calls are not."""
+        self.abandoned_dead = died
         abandoned, self._calls = self._calls, set()
         for call in abandoned:
             call.cancel()

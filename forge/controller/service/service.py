@@ -252,6 +252,8 @@ class Service:
         replica.metrics.deaths += 1
         logger.warning("%s replica %d died: %s", self.name, replica.index, first_line(error))
         self._replace(replica)
+        # Calls already sent to the dead process may never be answered.
+        replica.abandon_calls(died=True)
 
     def _mark_hung(self, replica: Replica, generation: int) -> None:
         if not self._is_current(replica, generation):
@@ -261,7 +263,7 @@ class Service:
             "%s replica %d hung: %s; replacing it", self.name, replica.index, self._hang_cause()
         )
         self._replace(replica)
-        replica.abandon_calls()  # they would wait forever; retry-safe ones move on
+        replica.abandon_calls(died=False)  # they would wait forever; retry-safe ones move on
 
     def _hang_cause(self) -> str:
         cfg = self.cfg
@@ -388,7 +390,9 @@ class Service:
         except SupervisionError as e:
             self._mark_dead(replica, generation, e)
             raise ReplicaDiedError(f"{where} died during the call ({note})") from e
-        except CallAbandoned:
+        except CallAbandoned as e:
+            if e.died:
+                raise ReplicaDiedError(f"{where} died during the call ({note})") from None
             raise ReplicaHungError(
                 f"{where} hung during the call: {self._hang_cause()} ({note})"
             ) from None
@@ -404,7 +408,7 @@ class Service:
             if isinstance(result, SupervisionError):
                 self._mark_dead(replica, generation, result)
             elif isinstance(result, CallAbandoned):
-                pass  # hung; its respawn catches up through on_recover
+                pass  # dead or hung; its respawn catches up through on_recover
             elif isinstance(result, BaseException):
                 raise result
             else:
