@@ -22,7 +22,7 @@ EXTRAS := cpu,dev,metrics,envs
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 
-.PHONY: install grpo grpo-lora grpo-own-data distill sft test lint demo bench bench-report lab clean
+.PHONY: install grpo grpo-lora grpo-own-data distill sft agent test lint demo bench bench-report lab clean
 
 install: $(STAMP)
 
@@ -60,6 +60,15 @@ distill: $(STAMP)
 
 sft: $(STAMP)
 	$(PY) -m forge run apps/sft/main.py --config configs/sft/smollm2_cpu.yaml $(ARGS)
+
+# The agent recipe: demonstrations of calculator use (apps/agent/demos.py, on other questions
+# than training's), a warm start fine-tuned on them, then GRPO from it with the tool
+# (configs/agent/). The first two are skipped when their output exists.
+AGENT := configs/agent/smollm2_cpu.yaml
+agent: $(STAMP)
+	test -f runs/agent-demos.jsonl || $(PY) apps/agent/demos.py --config $(AGENT) --out runs/agent-demos.jsonl data.seed=1
+	test -f runs/sft-tool-demos-smollm2-cpu/hf/config.json || $(PY) -m forge run apps/sft/main.py --config configs/sft/tool_demos_smollm2_cpu.yaml
+	$(PY) -m forge run apps/grpo/main.py --config $(AGENT) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
