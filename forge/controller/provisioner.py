@@ -7,11 +7,14 @@ hosts emulated on this machine by `monarch.job.ProcessJob`, for multi-host tests
 """
 
 import asyncio
+import contextlib
 import logging
 import os
+import random
 import socket
 import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import monarch.actor
@@ -33,6 +36,9 @@ from forge.placement.plan import ClusterShape
 logger = logging.getLogger(__name__)
 
 LAUNCHERS = ("local", "process", "slurm")
+# Where rendezvous ports are drawn from (_free_port), and how many to try there.
+_FIRST_PORT = 20000
+_PORT_TRIES = 50
 
 
 @dataclass
@@ -144,9 +150,28 @@ class _HostInfo(Actor):
 
 
 def _free_port() -> int:
+    """A port free now, below the kernel's ephemeral range where there is room.
+
+    The trainer's processes bind it only once they have started: a port from the ephemeral
+    range (what binding port 0 gives) may meanwhile be taken by any outgoing connection on the
+    host, one below it only by another explicit choice.
+    """
+    for port in random.sample(range(_FIRST_PORT, _ephemeral_low()), k=_PORT_TRIES):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("", port))
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(low, _FIRST_PORT + _PORT_TRIES)
 
 
 def first_line(error: BaseException) -> str:
@@ -319,7 +344,9 @@ class Provisioner:
         counted in `num_procs`, a warning says so, and a later call (`shutdown` makes one)
         tries again.
         """
-        entry = self._meshes.get(id(mesh))
+        # Taken out before the stop is awaited: a second call meanwhile (a failed start's
+        # cleanup beside the run's close) finds nothing to stop or release.
+        entry = self._meshes.pop(id(mesh), None)
         if entry is None:
             return
         _, placement, name, devices = entry
@@ -339,8 +366,8 @@ class Provisioner:
                 cause,
                 self._describe(placement),
             )
+            self._meshes[id(mesh)] = entry
             return
-        del self._meshes[id(mesh)]
         release(devices, placement)
 
     def _describe(self, placement: Placement) -> str:

@@ -2,12 +2,20 @@
 
 import asyncio
 import contextlib
+import socket
 
 import psutil
 import pytest
 from helper_actors import Echo
 
-from forge.controller import ProvisionerConfig, get_provisioner, init_provisioner, shutdown
+from forge.controller import (
+    ProcessConfig,
+    ProvisionerConfig,
+    get_provisioner,
+    init_provisioner,
+    shutdown,
+)
+from forge.controller.provisioner import _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +102,32 @@ async def test_a_failing_shutdown_stops_the_rest_then_raises():
         await shutdown()
     assert get_provisioner().num_procs == 0
     assert await _settled(before)
+
+
+async def test_a_mesh_stopped_twice_at_once_stops_once_and_gives_its_cores_back_once():
+    """A failed start's cleanup and the run's close may stop one mesh together."""
+    before = descendants()
+    provisioner = get_provisioner()
+    try:
+        mesh = await provisioner.spawn_procs(ProcessConfig(cpus_per_proc=1))
+        assert provisioner.num_procs == 1
+        await asyncio.gather(provisioner.stop_procs(mesh), provisioner.stop_procs(mesh))
+        assert provisioner.num_procs == 0
+        again = await provisioner.spawn_procs(ProcessConfig(cpus_per_proc=1))  # the core is free
+        await provisioner.stop_procs(again)
+    finally:
+        await shutdown()
+    assert await _settled(before)
+
+
+def test_rendezvous_ports_are_free_and_below_the_ephemeral_range():
+    """An outgoing connection cannot take the port before the trainer binds it."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {_free_port() for _ in range(20)}
+    assert all(port < low for port in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
 
 
 async def _settled(before: set[int], timeout: float = 10.0) -> bool:
