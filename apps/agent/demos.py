@@ -46,12 +46,9 @@ async def demonstrate(row: Row, env: EnvConfig) -> list[dict[str, Any]]:
         )
     answer = f"<answer>{result['content']}</answer>"
     await environment.close()
-    turns = [(messages, call), ([*messages, _assistant(call), result], answer)]
+    after_call = [*messages, {"role": "assistant", "content": call}, result]
+    turns = [(messages, call), (after_call, answer)]
     return [{"prompt": p, "target": t, "answer": row["answer"]} for p, t in turns]
-
-
-def _assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
 
 
 async def main() -> None:

@@ -15,8 +15,6 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from transformers import AutoTokenizer
-
 from forge.config import config_error
 from forge.data.datasets import PromptDataset
 from forge.data.episode import Episode
@@ -30,7 +28,7 @@ from forge.data.sft import (
 )
 from forge.loop import Run, RunConfig, TrainerDied
 from forge.loop.evaluation import EvalRows
-from forge.models import resolve_model
+from forge.loop.run import load_tokenizer
 from forge.observability import record_metric
 
 
@@ -69,7 +67,7 @@ class SFT(Run):
     async def attach(self, actors: dict) -> None:
         """The tokenizer and the batches (the trainer, generators and reward are Run's)."""
         cfg = self.cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.trainer.model))
+        self.tokenizer = load_tokenizer(cfg.trainer.model)
         examples = SFTExamples(self.data, cfg.target, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
         self.first_state = await self.state_dict()

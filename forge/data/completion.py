@@ -49,8 +49,11 @@ class Completion:
         """1 for each token the policy sampled, 0 for each it was given."""
         return [1] * len(self.token_ids) if self.mask is None else self.mask
 
+    def sampled_versions(self) -> list[int]:
+        """The version that sampled each sampled token, in order."""
+        return [v for v, s in zip(self.token_versions, self.sampled(), strict=True) if s]
+
     @property
     def policy_version(self) -> int | None:
         """The oldest version that sampled any token (None when none was sampled)."""
-        pairs = zip(self.token_versions, self.sampled(), strict=True)
-        return min((v for v, s in pairs if s), default=None)
+        return min(self.sampled_versions(), default=None)

@@ -99,10 +99,11 @@ class Episodes:
                 return self.factory(row, **self.cfg.options)
             return RemoteEnvironment(self.environments, uuid.uuid4().hex, row)
 
+        # In replicas, one session: the episode's calls reach one replica.
+        local = self.environments is None
+        session = contextlib.nullcontext() if local else self.environments.session()
         try:
-            if self.environments is None:
-                return await play(make, self.bridge, turns.sample, limits, context)
-            async with self.environments.session():  # the episode's calls reach one replica
+            async with session:
                 return await play(make, self.bridge, turns.sample, limits, context)
         except EnvironmentLost as lost:
             return EpisodeOutcome(

@@ -111,12 +111,7 @@ class Evaluator:
         outcomes = [outcome for (outcome,) in played]
         await self.episodes.score(self.rows, outcomes)
         record_outcomes(outcomes, "eval/env")
-        versions = [
-            v
-            for o in outcomes
-            for v, sampled in zip(o.trajectory.token_versions, o.trajectory.mask, strict=True)
-            if sampled
-        ]
+        versions = [v for o in outcomes for v in o.trajectory.completion().sampled_versions()]
         names = sorted({name for o in outcomes for name in o.rewards})
         result = {
             "step": step,
