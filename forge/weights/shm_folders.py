@@ -20,8 +20,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from forge.controller import get_provisioner
 from forge.weights.transport import TransportConfig
 
@@ -30,27 +28,45 @@ PREFIX = "forge-"
 MARKER = "owner.json"
 
 
+def started(pid: int) -> float | None:
+    """Seconds from boot to `pid`'s start (/proc/<pid>/stat), None if no such process runs
+    (a zombie does not).
+
+    Not psutil's create_time: that adds the boot time, which the kernel derives from the wall
+    clock, so after a clock adjustment (NTP) another process sees the same start a second
+    apart, and a live owner's folder would be taken for a dead one's.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    state, start_ticks = fields[0], int(fields[19])  # stat fields 3 and 22
+    return None if state == "Z" else start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(frozen=True)
 class Owner:
     """A process, told apart from a later one that reuses its pid by its start time."""
 
     pid: int
-    started: float  # psutil's create_time: boot time + start ticks, the same from any process
+    started: float  # `started(pid)`: seconds from boot, the same from any process
     what: str = ""  # for people reading the marker: "run /abs/run_dir", "generator staging"
 
     @classmethod
+    def of(cls, pid: int, what: str = "") -> "Owner":
+        """The running process `pid`."""
+        start = started(pid)
+        if start is None:
+            raise ProcessLookupError(f"no process {pid}")
+        return cls(pid, start, what)
+
+    @classmethod
     def this_process(cls, what: str = "") -> "Owner":
-        return cls(os.getpid(), psutil.Process().create_time(), what)
+        return cls.of(os.getpid(), what)
 
     def alive(self) -> bool:
-        try:
-            process = psutil.Process(self.pid)
-            return (
-                abs(process.create_time() - self.started) < 0.01
-                and process.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.NoSuchProcess:
-            return False
+        return started(self.pid) == self.started
 
 
 def owner_of(folder: Path) -> Owner | None:

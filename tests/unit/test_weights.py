@@ -26,6 +26,7 @@ from forge.weights.shm_folders import (
     Owner,
     ShmFolder,
     claim_for_run,
+    owner_of,
     remove_dead,
     run_folder,
 )
@@ -248,13 +249,23 @@ def test_folders_of_dead_owners_are_removed_and_others_kept(tmp_path):
 
 
 def test_a_folder_of_a_live_process_is_not_taken(tmp_path):
-    parent = psutil.Process(os.getppid())
+    parent = os.getppid()
     taken = tmp_path / "forge-taken"
     taken.mkdir()
-    marker = Owner(parent.pid, parent.create_time(), "run elsewhere")
+    marker = Owner.of(parent, "run elsewhere")
     (taken / MARKER).write_text(json.dumps(dataclasses.asdict(marker)))
-    with pytest.raises(RuntimeError, match=f"belongs to a running process \\(pid {parent.pid}"):
+    with pytest.raises(RuntimeError, match=f"belongs to a running process \\(pid {parent}"):
         ShmFolder.create("taken", root=tmp_path)
+
+
+def test_a_live_owner_stays_alive_when_the_clock_moves(tmp_path, monkeypatch):
+    """The kernel's boot time follows wall-clock adjustments (NTP): a marker written before one
+    must still name its live owner, or another run's start removes the folder under it."""
+    folder = ShmFolder.create("live", root=tmp_path)
+    real_boot_time = psutil.boot_time()
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real_boot_time + 1.0)
+    assert owner_of(folder.path).alive()
+    assert remove_dead(tmp_path) == [] and folder.path.exists()
 
 
 async def test_a_run_gets_a_flat_folder_given_back_at_shutdown(tmp_path, monkeypatch):
