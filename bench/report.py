@@ -43,6 +43,7 @@ BENCHES = [
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
     ("environments", "python bench/environments.py", "environments"),
     ("episode_rollouts", "python bench/episode_rollouts.py", "episode_rollouts"),
+    ("record", "python bench/record.py", "record"),
 ]
 VARIANTS = {
     "generator-lora": "what serving a LoRA adapter costs the Generator",

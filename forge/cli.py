@@ -4,6 +4,7 @@
     forge submit APP_PATH [--config FILE] [--partition P] [--nodes N] [--time T] [--account A]
                  [--qos Q] [--dry-run] [key=value ...]
     forge clean
+    forge replay RUN_DIR (--step N | --all) [--verbose] [key=value ...]
     forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
                [key=value ...]
 
@@ -20,6 +21,12 @@ Submitting the same command again resumes the run; `scancel JOB` stops all of it
 
 `forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
 doing so themselves (killed with SIGKILL); runs do the same when they start.
+
+`forge replay` trains a run's recorded batches again (forge/loop/replay.py): step N, or every
+step, compared figure by figure with the record; overrides of trainer.loss, trainer.optimizer,
+trainer.scheduler, trainer.max_grad_norm or trainer.guard make a what-if. Exit status 0 when
+the replay matches the record, 1 when a figure differs, 2 on bad input, 3 when the replay
+itself failed (a trainer died).
 
 `forge plan` prints where every proc mesh of the run would go (hosts, GPUs, cores; see
 forge/loop/plan.py), on the config's cluster or the shape given, and refuses an impossible
@@ -80,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Remove every forge folder in /dev/shm whose owner process is dead.",
     )
     clean.set_defaults(command=_clean)
+    _add_replay(commands)
     _add_plan(commands)
     return parser
 
@@ -104,6 +112,56 @@ def _add_submit(commands: Any) -> None:
         "--dry-run", action="store_true", help="print the batch script and the plan; submit nothing"
     )
     submit.set_defaults(command=_submit)
+
+
+def _add_replay(commands: Any) -> None:
+    replay = commands.add_parser(
+        "replay",
+        usage="forge replay RUN_DIR (--step N | --all) [--verbose] [key=value ...]",
+        help="train a run's recorded batches again and compare with the record",
+        description="Load the newest checkpoint before step N, train the recorded batches up to "
+        "it, take step N and print its figures beside the recorded ones (--all: every step "
+        "from the start, then the final checkpoint's parameters).",
+        epilog="key=value overrides of trainer.loss, trainer.optimizer, trainer.scheduler, "
+        "trainer.max_grad_norm or trainer.guard re-run the step under other settings. Exit "
+        "status: 0 the replay matches the record, 1 a figure differs, 2 bad input, 3 the replay "
+        "failed.",
+    )
+    replay.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's folder")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--step", type=int, help="the step to replay")
+    which.add_argument("--all", action="store_true", help="every step, from the start")
+    replay.add_argument(
+        "--verbose", action="store_true", help="show library output here, not in RUN_DIR/replay.log"
+    )
+    replay.set_defaults(command=_replay)
+
+
+def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge replay`: checks, then the replay; exits with its status."""
+    from forge.loop.replay import Replay, ReplayError  # Monarch and torch: not for --help
+
+    try:
+        replay = Replay.prepare(args.run_dir, None if args.all else args.step, overrides)
+    except ReplayError as e:
+        _fail(f"replay: {e}")
+    log = args.run_dir / "replay.log"
+    if not args.verbose:
+        say(f"library output: {log}")
+        capture_to(log)
+    try:
+        status = asyncio.run(replay.run())
+    except ReplayError as e:  # a record found unreadable on the way
+        say(f"forge: replay: {e}")  # on the console: stderr now goes to the log
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        say("forge: replay interrupted")
+        raise
+    except Exception as e:  # not a verdict on the record: the traceback goes to the log
+        first = (str(e).splitlines() or [""])[0]
+        say(f"forge: replay failed: {type(e).__name__}{': ' + first if first else ''} ({log})")
+        raise SystemExit(3) from e
+    raise SystemExit(status)
 
 
 def _submit(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -38,13 +38,20 @@ class ConfigError(ValueError):
         super().__init__(" ".join(message.splitlines()))
 
 
-def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
+def load_config(
+    schema: type[T],
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    known_only: bool = False,
+) -> T:
     """Build a `schema` instance from its defaults, the yaml file at `path`, then `overrides`.
 
     Args:
         schema: the config dataclass.
         path: a yaml file whose top level is a mapping onto `schema`, or None for defaults.
         overrides: `dotted.key=value` strings, applied in order after the file.
+        known_only: read only the file's top-level keys that `schema` has (a run folder's
+            config.yaml, written by an app's config, read as the fields every app shares).
 
     Raises:
         ConfigError: on any bad input, naming its source and key.
@@ -52,7 +59,10 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
     cfg = OmegaConf.structured(schema)
     applied: list[tuple[str, str]] = []  # (dotted key, source) of every value set, in order
     if path is not None:
-        _merge(cfg, _read_yaml(Path(path)), str(path), applied)
+        data = _read_yaml(Path(path))
+        if known_only:
+            data = {k: v for k, v in data.items() if k in cfg}
+        _merge(cfg, data, str(path), applied)
     for override in overrides:
         _merge(cfg, _parse_override(override), COMMAND_LINE, applied)
     return _instantiate(cfg, applied, default_source=COMMAND_LINE if path is None else str(path))

@@ -55,15 +55,25 @@ async def wait_until(
 
 
 def forge_run(app: str, config: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """Starts `forge run apps/<app>/main.py --config <config> run_dir=<run_dir> overrides`;
-    its output goes to <run_dir>.log beside the run folder."""
-    cmd = [sys.executable, "-m", "forge", "run", f"apps/{app}/main.py", "--config", config]
+    """Starts `forge run apps/<app>/main.py --config <config> run_dir=<run_dir> overrides` (an
+    `app` that ends in .py is the app file itself); its output goes to <run_dir>.log beside the
+    run folder."""
+    path = app if app.endswith(".py") else f"apps/{app}/main.py"
+    cmd = [sys.executable, "-m", "forge", "run", path, "--config", config]
     cmd += [f"run_dir={run_dir}", *overrides]
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     # Its own process group, so a test can kill the driver with everything it started.
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
+
+
+def forge_replay(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """Runs `forge replay <run_dir> args` to its end; prints what it printed."""
+    cmd = [sys.executable, "-m", "forge", "replay", str(run_dir), *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(done.stdout, done.stderr)
+    return done
 
 
 def console(run_dir: Path) -> str:

@@ -1,4 +1,5 @@
-"""Trainer checkpoints with torch.distributed.checkpoint: model, optimizer, scheduler, step, RNG.
+"""Trainer checkpoints with torch.distributed.checkpoint: model, optimizer, scheduler, the
+divergence guard's history, step, RNG.
 
 Each checkpoint is a folder `<folder>/step-<n>`; a `latest` file, written once the save is
 complete, names the newest complete one, so a crash during a save leaves the previous
@@ -68,8 +69,9 @@ def latest_step(folder: str | Path | None) -> int:
 
 
 class _TrainState(Stateful):
-    def __init__(self, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
-        self.model, self.optimizer, self.scheduler, self.step = model, optimizer, scheduler, step
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any, guard: Any, step: int) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.guard, self.step = guard, step
         # A model with frozen parameters (LoRA) saves the trained ones alone: the frozen ones
         # are the base checkpoint's, loaded before any resume. DCP's load still fails on a
         # trained parameter the checkpoint lacks.
@@ -91,7 +93,7 @@ class _TrainState(Stateful):
             "step": self.step,
             # Keyed by rank: DCP stores one copy of plain tensors that share a key across ranks.
             "rng": {f"rank{dist.get_rank()}": torch.get_rng_state()},
-        }
+        } | ({} if self.guard is None else {"guard": self.guard.state_dict()})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(
@@ -102,6 +104,8 @@ class _TrainState(Stateful):
             options=self.options,
         )
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.guard is not None:
+            self.guard.load_state_dict(state["guard"])
         self.step = state["step"]
         rng = state["rng"].get(f"rank{dist.get_rank()}")
         if rng is not None:
@@ -111,9 +115,11 @@ class _TrainState(Stateful):
 class Checkpointer:
     """Saves and restores one trainer's state; every rank calls every method."""
 
-    def __init__(self, cfg: CheckpointConfig, model: Any, optimizer: Any, scheduler: Any) -> None:
+    def __init__(
+        self, cfg: CheckpointConfig, model: Any, optimizer: Any, scheduler: Any, guard: Any
+    ) -> None:
         self.cfg = cfg
-        self.parts = (model, optimizer, scheduler)
+        self.parts = (model, optimizer, scheduler, guard)
         self.folder = Path(cfg.folder) if cfg.folder else None
         self._pending: tuple[Future, Path] | None = None  # the last async save's write
         self._group: Any = None  # the background writes' own process group
@@ -175,11 +181,18 @@ class Checkpointer:
     def resume(self) -> int:
         """Loads the newest complete checkpoint if there is one; returns its step (else 0)."""
         step = latest_step(self.folder)
-        if step:
-            state = _TrainState(*self.parts, 0)
-            dcp.load({"train": state}, checkpoint_id=step_folder(self.folder, step))
-            return state.step
-        return 0
+        return self.load(self.folder, step) if step else 0
+
+    def load(self, folder: str | Path, step: int) -> int:
+        """Loads checkpoint `step` of `folder`; returns its step."""
+        path = step_folder(folder, step)
+        model, optimizer, scheduler, guard = self.parts
+        keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        if not any(k.startswith("train.guard") for k in keys):
+            guard = None  # written before checkpoints held the guard's history: it starts empty
+        state = _TrainState(model, optimizer, scheduler, guard, 0)
+        dcp.load({"train": state}, checkpoint_id=path)
+        return state.step
 
     def _steps(self) -> list[Path]:
         return sorted(self.folder.glob("step-*"), key=_step_of)

@@ -12,6 +12,7 @@ from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
+from forge.loop.record import RecordConfig
 from forge.observability import MetricsConfig
 from forge.placement.roles import Resources, Role
 from forge.weights.sync_config import WeightSyncConfig
@@ -102,6 +103,8 @@ class RunConfig:
             and how it travels: one section, given to the trainer and to the generators.
         env: the environment every rollout and eval answer is an episode of (docs/
             environments.md); by default the single-turn task.
+        record: which steps' batches the run folder keeps for `forge replay`
+            (docs/run_folder.md).
         env_resources: unset: the environments live in the loop's process (for tasks whose
             steps are quick and never block); set: in an EnvironmentActor service of
             `num_replicas` replicas, where tool calls run; a replica that dies is respawned and
@@ -124,6 +127,7 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     provisioner: ProvisionerConfig = field(default_factory=ProvisionerConfig)
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)

@@ -34,6 +34,8 @@ from forge.loop.episodes import Episodes
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.plan import plan_run
+from forge.loop.record import BatchRecord, StepRecord
+from forge.loop.replay import ReplayError, replay_steps
 from forge.loop.run_folder import RunFinished, RunFolder
 from forge.loop.spawn import spawn_role, spawn_roles
 from forge.loop.trainer_handle import TrainerDied, TrainerHandle
@@ -66,9 +68,11 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
+        self.record = BatchRecord(cfg.run_dir, cfg.record)
         self.version = 0
         self.trainer_restarts = 0
         self.checkpointed = 0  # the step of the newest checkpoint
+        self.stopped_at = 0  # the step the divergence guard stopped the run at
         self.evaluator: Evaluator | None = None
         # Whether generators may move to new weights while the trainer takes its next step
         # (data one version older meanwhile); set by loops whose batches may be that old.
@@ -215,17 +219,50 @@ class Run:
 
     # --- each step ----------------------------------------------------------------------------
 
-    async def train(self, batches: list[list[Episode]], **kwargs: Any) -> dict[str, float]:
+    async def train(
+        self, batches: list[list[Episode]], policy_version: int | None = None
+    ) -> dict[str, float]:
         """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics,
-        also recorded under train/."""
-        metrics = await self.trainer.train_step(batches, **kwargs)
+        also recorded under train/. The batch goes to the run's batch record (`record`)."""
+        recording = self.record.enabled
+        metrics = await self.trainer.train_step(batches, policy_version, record=recording)
         self.version += 1
         self.log_span(
             self.version, "trainer", "train", metrics.pop("started_at"), metrics.pop("ended_at")
         )
+        blown = metrics.pop("blown")
+        if recording:
+            step = StepRecord(self.version, policy_version, batches, **metrics.pop("record"))
+            step.figures.update(metrics)
+            start = time.perf_counter()
+            size = await asyncio.to_thread(self.record.write, step)
+            record_metric("record/write_s", time.perf_counter() - start)
+            record_metric("record/bytes", size)
         for name, value in metrics.items():
             record_metric(f"train/{name}", value)
+        if blown is not None:
+            self.blew_up(self.version, blown)
         return metrics
+
+    def blew_up(self, step: int, why: str) -> None:
+        """Says that the divergence guard did not apply `step`, and how to replay it; raises
+        if the guard's action is to stop (the run then writes no final checkpoint: resumed,
+        it takes the step again)."""
+        action = self.cfg.trainer.guard.action
+        say(f"step {step} not applied: {why} (trainer.guard.action {action}); {self._replay(step)}")
+        if action == "stop":
+            self.stopped_at = step
+            raise RuntimeError(f"the divergence guard stopped the run at step {step}")
+
+    def _replay(self, step: int) -> str:
+        """The command that replays `step`, or why there is none."""
+        if not self.record.enabled:
+            return "record.batches is off: it cannot be replayed"
+        try:
+            replay_steps(self.record, self.folder.checkpoints, step)
+        except ReplayError as e:
+            return f"it cannot be replayed: {e}"
+        return f"replay it: forge replay {self.run_dir} --step {step}"
 
     async def publish(self, step: int) -> float:
         """The trainer's weights, as `version`, to every generator; older versions deleted.
@@ -443,7 +480,9 @@ class Run:
     async def save_results(self) -> None:
         """The final checkpoint and the HF export; a dead trainer has nothing left to save."""
         try:
-            if self.cfg.trainer.checkpoint.folder and self.version:
+            if self.stopped_at:
+                say(f"no final checkpoint: resumed, it goes on after step {self.checkpointed}")
+            elif self.cfg.trainer.checkpoint.folder and self.version:
                 await self.checkpoint(self.version, final=True)
                 say(f"checkpoint: {self.cfg.trainer.checkpoint.folder} (step {self.version})")
             if self.cfg.export_hf:

@@ -20,12 +20,14 @@ import yaml
 
 from forge.actors.checkpointing import latest_step, step_folder
 from forge.config import ConfigError
+from forge.loop.record import BatchRecord
 
 CONFIG = "config.yaml"
 # The logs that hold one record per step (or per eval): {"step": n, ...} per line.
 STEP_LOGS = ("metrics.jsonl", "eval.jsonl", "trained_episodes.jsonl", "timeline.jsonl")
-# Keys a continued run may change: its length, and how it was asked to start.
-FREE_KEYS = ("steps", "resume")
+# Keys a continued run may change: its length, how it was asked to start, and what the
+# divergence guard does (a run it stopped continues with another action).
+FREE_KEYS = ("steps", "resume", "trainer.guard")
 DRIVER_STATE = "driver.pt"
 
 
@@ -88,11 +90,10 @@ class RunFolder:
         if not saved_file.exists():
             return  # checkpoints alone (a folder shared by configs is the user's choice)
         saved, now = _flatten(yaml.safe_load(saved_file.read_text())), _flatten(config_dict(cfg))
+        # A key the saved config lacks came with a later forge: the run had its default.
         differ = sorted(
-            k
-            for k in saved.keys() | now.keys()
-            if k.split(".")[0] not in FREE_KEYS and saved.get(k) != now.get(k)
-        )
+            k for k in saved.keys() & now.keys() if not _free(k) and saved[k] != now[k]
+        ) + sorted(k for k in saved.keys() - now.keys() if not _free(k))
         if differ:
             shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:4])
             more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
@@ -102,7 +103,9 @@ class RunFolder:
             )
 
     def rewind(self, step: int) -> None:
-        """Drops the log records of steps after `step`: a resumed run redoes those."""
+        """Drops the log records and recorded batches of steps after `step`: a resumed run
+        redoes those."""
+        BatchRecord(self.path).rewind(step)
         for name in STEP_LOGS:
             log = self.path / name
             if log.exists():
@@ -128,6 +131,11 @@ class RunFolder:
 def config_dict(cfg: Any) -> dict[str, Any]:
     """The config as plain yaml-able data (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _free(key: str) -> bool:
+    """Whether a continued run may change `key` (a dotted key under FREE_KEYS)."""
+    return any(key == free or key.startswith(f"{free}.") for free in FREE_KEYS)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

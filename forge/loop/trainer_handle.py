@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from forge.actors.trainer import TrainerConfig
 from forge.controller import SupervisionError
 from forge.data.episode import Episode
 from forge.placement.turns import Turns
@@ -40,10 +41,21 @@ class TrainerHandle:
         return self.turns.training()
 
     async def train_step(
-        self, batches: list[list[Episode]], policy_version: int | None = None
-    ) -> dict[str, float]:
+        self, batches: list[list[Episode]], policy_version: int | None = None, record: bool = False
+    ) -> dict[str, Any]:
         async with self.turns.training():
-            return await _rank0(self.mesh.train_step.call(batches, policy_version), "train_step")
+            call = self.mesh.train_step.call(batches, policy_version, record)
+            return await _rank0(call, "train_step")
+
+    async def params_digest(self) -> str:
+        async with self.turns.training():
+            return await _rank0(self.mesh.params_digest.call(), "params_digest")
+
+    async def load_checkpoint(self, folder: str, step: int) -> None:
+        await _rank0(self.mesh.load_checkpoint.call(folder, step), "load_checkpoint")
+
+    async def set_optimisation(self, cfg: TrainerConfig) -> None:
+        await _rank0(self.mesh.set_optimisation.call(cfg), "set_optimisation")
 
     async def eval_loss(self, batches: list[list[Episode]]) -> float:
         async with self.turns.training():
@@ -75,6 +87,9 @@ class TrainerHandle:
 
     async def use_cores(self, cpus: list[int]) -> list[int]:
         return await _rank0(self.mesh.use_cores.call(cpus), "use_cores")
+
+    async def use_threads(self, threads: int) -> None:
+        await _rank0(self.mesh.use_threads.call(threads), "use_threads")
 
     async def cores(self) -> dict[str, Any]:
         return await _rank0(self.mesh.cores.call(), "cores")

@@ -37,12 +37,13 @@ def started(pid: int) -> float | None:
     apart, and a live owner's folder would be taken for a dead one's.
     """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    # After the command name, which may hold spaces, parentheses and bytes of any encoding.
+    fields = stat[stat.rindex(b")") + 2 :].split()
     state, start_ticks = fields[0], int(fields[19])  # stat fields 3 and 22
-    return None if state == "Z" else start_ticks / os.sysconf("SC_CLK_TCK")
+    return None if state == b"Z" else start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The distillation app end to end, through `python -m forge run`, on real processes and vLLM.
 
-Tiny models, seconds per step: sync == async at max_policy_age 0, a killed teacher replica.
+Tiny models, seconds per step: sync == async at max_policy_age 0 (and a step replays bit-exactly
+from the batch record), a killed teacher replica.
 The SmolLM2 learning test is in test_learning.py.
 """
 
@@ -8,6 +9,7 @@ import pytest
 from helper_runs import (
     complete_groups,
     finish_all,
+    forge_replay,
     forge_run,
     kill_one_mid_run,
     metrics,
@@ -36,6 +38,11 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
         sync_values, async_values = ([m[key] for m in metrics(runs[mode])] for mode in runs)
         assert sync_values == pytest.approx(async_values, rel=1e-5, abs=1e-7), key
     assert min(m["train/grad_norm"] for m in metrics(runs["sync"])) > 1e-4
+    # No checkpoint folder: the replay starts from the run's starting weights.
+    replayed = forge_replay(runs["async"], "--step", "3")
+    assert replayed.returncode == 0
+    assert "from the run's starting weights, steps 1..3" in replayed.stdout
+    assert "step 3: replayed bit-exactly" in replayed.stdout
 
 
 def test_a_killed_teacher_replica_loses_no_episode_and_scores_none_twice(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from helper_runs import (
     console,
     finish,
+    forge_replay,
     forge_run,
     kill_groups_after_a_checkpoint,
     kill_one_mid_run,
@@ -18,6 +19,8 @@ from helper_runs import (
     processes_with_env,
     trained,
 )
+
+from forge.loop.record import BatchRecord
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +76,15 @@ def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_pa
     assert [r["episodes"] for r in trained(runs["sync"])] == [
         r["episodes"] for r in trained(runs["uninterrupted"])
     ]
+
+    # The killed runs' records hold each step once, and their training replays exactly: the
+    # async run's whole, the sync run's last step (from its checkpoint, one rank).
+    assert BatchRecord(runs["async"]).steps() == list(range(1, STEPS + 1))
+    replayed = forge_replay(runs["async"], "--all")
+    assert replayed.returncode == 0
+    assert f"after step {STEPS}: the same parameters as the final checkpoint" in replayed.stdout
+    last = forge_replay(runs["sync"], "--step", str(STEPS))
+    assert last.returncode == 0 and f"step {STEPS}: replayed bit-exactly" in last.stdout
 
     # The finished run, asked again: one line, exit 0, nothing trained or started.
     again = grpo(runs["async"], "mode=async")

@@ -11,6 +11,7 @@ the endpoints and composes the parts that do the work (see the package's docstri
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ class TitanTrainer(ForgeActor):
         self.cfg = cfg or TrainerConfig()
         self.weight_sync = weight_sync or WeightSyncConfig()
         self.step = 0
+        self._digest: str | None = None  # of the current parameters, once asked for
         # Every tensor op of this actor runs there: one OpenMP pool (see ComputeThread).
         self.compute = ComputeThread("forge-trainer")
 
@@ -65,8 +67,9 @@ class TitanTrainer(ForgeActor):
         torch.manual_seed(self.cfg.seed + rank)
         self.model = build_model(self.cfg, self.weight_sync.lora, rank, world, device)
         self.training = Training(self.cfg, self.model)
+        t = self.training
         self.checkpointer = Checkpointer(
-            self.cfg.checkpoint, self.model.module, self.training.optimizer, self.training.scheduler
+            self.cfg.checkpoint, self.model.module, t.optimizer, t.scheduler, t.guard
         )
         self.step = self.checkpointer.resume()
         self.publisher = Publisher(self.weight_sync, self.model)
@@ -75,18 +78,48 @@ class TitanTrainer(ForgeActor):
 
     @endpoint
     async def train_step(
-        self, batches: list[list[Episode]], policy_version: int | None = None
-    ) -> dict[str, float]:
+        self, batches: list[list[Episode]], policy_version: int | None = None, record: bool = False
+    ) -> dict[str, Any]:
         """One optimiser step on `batches[rank]` per rank; returns global metrics.
 
         `policy_version` is the version of the trainer's current weights: episodes of that
         version give the mismatch KL (the engines' disagreement on the same weights), older
-        ones the policy drift since. None counts every episode as current.
+        ones the policy drift since. None counts every episode as current. With `record`, the
+        metrics also hold "record": what the batch record keeps besides the batch (the
+        parameters' digests before and after, the thread count, whether the weights before
+        the previous step were kept; forge.loop.record), and "digest_s" the seconds the
+        digests took.
         """
         mine = self._mine(batches)
+        start = time.perf_counter()
+        before = (await self._params_digest()) if record else ""
+        digest_s = time.perf_counter() - start
+        kept, threads = self.training.mismatch.kept, self.compute.threads
         metrics = await self.compute.run(self.training.step, mine, policy_version)
         self.step += 1
+        self._digest = None
+        if record:
+            start = time.perf_counter()
+            after = await self._params_digest()
+            metrics["digest_s"] = digest_s + time.perf_counter() - start
+            metrics["record"] = {
+                "params_before": before,
+                "params_after": after,
+                "threads": threads,
+                "previous_kept": kept,
+            }
         return metrics
+
+    @endpoint
+    async def params_digest(self) -> str:
+        """A digest of the trained parameters (equal digests on as many ranks: bit-identical
+        parameters). Call on every rank."""
+        return await self._params_digest()
+
+    async def _params_digest(self) -> str:
+        if self._digest is None:  # a step or a load drops it
+            self._digest = await self.compute.run(self.model.digest)
+        return self._digest
 
     @endpoint
     async def eval_loss(self, batches: list[list[Episode]]) -> float:
@@ -129,6 +162,12 @@ class TitanTrainer(ForgeActor):
         return move_to_cores(mine)
 
     @endpoint
+    async def use_threads(self, threads: int) -> None:
+        """Runs compute on `threads` threads from the next call (`forge replay` takes a step
+        on as many as the run did: CPU kernels may sum in another order on another count)."""
+        self.compute.threads = threads
+
+    @endpoint
     async def cores(self) -> dict[str, Any]:
         """Pid, cores, and the thread count its compute runs with."""
         return process_cores(await self.compute.run(torch.get_num_threads))
@@ -162,6 +201,21 @@ class TitanTrainer(ForgeActor):
         staged; the checkpoint becomes `latest` when written. Returns the seconds it blocked.
         """
         return await self.compute.run(self.checkpointer.save, self.step, background)
+
+    @endpoint
+    async def load_checkpoint(self, folder: str, step: int) -> None:
+        """Loads checkpoint `step` of `folder` (model, optimizer, scheduler, step, RNG) in place
+        of the current state; step 0 is the weights the trainer was built with, untouched.
+        Call on every rank: `forge replay` starts from it."""
+        if step:
+            self.step = await self.compute.run(self.checkpointer.load, folder, step)
+            self._digest = None
+
+    @endpoint
+    async def set_optimisation(self, cfg: TrainerConfig) -> None:
+        """Takes `cfg`'s loss, optimizer, schedule and gradient clipping from the next step on
+        (a what-if of `forge replay`); the rest of `cfg` must equal the trainer's own."""
+        await self.compute.run(self.training.set_optimisation, cfg)
 
     @endpoint
     async def wait_checkpoint(self) -> None:

@@ -18,8 +18,15 @@ def calibrate(training: Training, episodes: list[Episode], count: int) -> dict[s
     alone), and scales them to the whole batch by padded tokens, the slowest rank's.
 
     Returns {"train_s": one step on the batch, "stale_s": what the exact mismatch pass adds
-    when the batch is one version old}. Changes no weight and no optimizer state.
+    when the batch is one version old}. Changes no weight, no optimizer state and no random
+    state (LoRA dropout draws from it): a run's training replays without its calibration.
     """
+    device = training.model.device
+    with torch.random.fork_rng(devices=[] if device is None else [device]):
+        return _timed_passes(training, episodes, count)
+
+
+def _timed_passes(training: Training, episodes: list[Episode], count: int) -> dict[str, float]:
     model, cfg = training.model, training.cfg
     model.module.train()
     micro = [

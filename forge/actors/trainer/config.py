@@ -31,6 +31,37 @@ class SchedulerConfig:
 
 
 @dataclass
+class GuardConfig:
+    """The divergence guard: what happens to a step that blows up (a non-finite loss or
+    gradient norm, or a gradient norm above `grad_norm_ratio` times the median of the last
+    `window` applied steps', once there are `window`).
+
+    Args:
+        action: "skip": the step is not applied (weights, optimizer state and schedule stay as
+            they were) and the run goes on; "stop": not applied, and the run ends; "off":
+            every step is applied. The console names the step and its replay command.
+        grad_norm_ratio: how many times the running median a gradient norm may reach.
+        window: the applied steps the median is taken over.
+    """
+
+    action: Literal["skip", "stop", "off"] = "skip"
+    grad_norm_ratio: float = 10.0
+    window: int = 20
+
+    def __post_init__(self) -> None:
+        if self.grad_norm_ratio <= 1.0 or self.window < 1:
+            raise ValueError(
+                f"need grad_norm_ratio > 1 and window >= 1, got {self.grad_norm_ratio}, "
+                f"{self.window}"
+            )
+
+
+# The fields of TrainerConfig that change how a batch trains, not what a batch is: a replay may
+# change them (`forge replay RUN --step N trainer.loss.clip_eps=0.1`).
+OPTIMISATION_FIELDS = ("loss", "optimizer", "scheduler", "max_grad_norm", "guard")
+
+
+@dataclass
 class TrainerConfig:
     """The model, its optimisation and its objective.
 
@@ -57,6 +88,7 @@ class TrainerConfig:
         activation_checkpointing: "full" recomputes each transformer block in the backward
             pass instead of keeping its activations (torchtitan's full AC): less memory for
             about a third more compute.
+        guard: what happens to a step that blows up (GuardConfig).
 
     Whether it trains LoRA adapters, what a published version holds (its dtype, the adapters
     or the full weights) and the transport it goes through are the run's `weight_sync`
@@ -78,6 +110,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     loss: GRPOConfig = field(default_factory=GRPOConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {

@@ -40,6 +40,11 @@ class Mismatch:
         self.pad_id = pad_id
         self._previous: tuple[int, list[torch.Tensor]] | None = None  # version, weights
 
+    @property
+    def kept(self) -> bool:
+        """Whether a copy of the weights before the last step is held."""
+        return self._previous is not None
+
     def keep(self, version: int) -> None:
         """Keeps a copy of the current weights as those of `version` (with `exact_mismatch`).
         Call it before the optimiser step: these weights generated the episodes of `version`."""

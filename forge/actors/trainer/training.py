@@ -6,6 +6,7 @@ Losses are normalised by the global token (or sequence) count, and FSDP sums gra
 processes compute exactly what one process computes on the whole batch.
 """
 
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 import torch
 
 from forge.actors.trainer.collectives import all_max, all_sum, all_sum_each
-from forge.actors.trainer.config import TrainerConfig, lr_factor
+from forge.actors.trainer.config import OPTIMISATION_FIELDS, TrainerConfig, lr_factor
+from forge.actors.trainer.guard import Guard
 from forge.actors.trainer.micro_batches import micro_batches
 from forge.actors.trainer.mismatch import KL_PARTS, Mismatch
 from forge.actors.trainer.model import Model
@@ -50,16 +52,17 @@ class Training:
             self.optimizer, lambda step: lr_factor(cfg.scheduler, step)
         )
         self.mismatch = Mismatch(cfg, model, self.pad_id)
+        self.guard = Guard(cfg.guard)
 
-    def step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, float]:
-        """One optimiser step on this rank's `episodes`; returns metrics over every rank.
+    def step(self, episodes: list[Episode], policy_version: int | None) -> dict[str, Any]:
+        """One optimiser step on this rank's `episodes`; returns metrics over every rank, and
+        under "blown" why the divergence guard did not apply it (None: applied).
 
         `policy_version` is the version of the current weights: episodes of that version give
         the mismatch KL, older ones the policy drift since. None counts every episode as current.
         """
         start, started_at = time.perf_counter(), time.time()
         peak = PeakMemory(self.model.device)
-        self.model.module.train()
         chunks = micro_batches(episodes, self.cfg.micro_batch_size)
         micro = [(collate(chunk, self.pad_id), real) for chunk, real in chunks]
         norms = [self._normaliser(batch) if real else 0.0 for batch, real in micro]
@@ -69,8 +72,12 @@ class Training:
         sums: dict[str, float] = defaultdict(float)  # loss and metrics, weighted by norm
         kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
         if sampled:
-            # First, while no activation or gradient is held: it adds nothing to the peak.
+            # First, while no activation or gradient is held: it adds nothing to the peak. In
+            # eval mode: the generator sampled without dropout, and a trainer just loaded (no
+            # previous weights, no pass) must draw the same random numbers as one that was not.
+            self.model.module.eval()
             self.mismatch.add_previous(episodes, kl)
+        self.model.module.train()
         for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
             self._sync_gradients(last=i == len(micro) - 1)
             logprobs, loss, metrics = self.forward(batch)
@@ -82,12 +89,14 @@ class Training:
         mismatch = self.mismatch.metrics(kl) if sampled else {}
         if sampled and policy_version is not None:
             self.mismatch.keep(policy_version)
-        grad_norm = self._clip_and_step()
         sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
         totals = all_sum_each(sums)
+        grad_norm, blown = self._clip_and_step(totals["loss"] / global_norm)
         return {
             **{name: value / global_norm for name, value in totals.items() if name != "tokens"},
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
+            "skipped": float(blown is not None),
+            "blown": blown,  # why it was not applied (the divergence guard), or None
             "lr": self.scheduler.get_last_lr()[0],
             "tokens": totals["tokens"],
             "tokens_per_s": totals["tokens"] / (time.perf_counter() - start),
@@ -96,6 +105,29 @@ class Training:
             "started_at": started_at,  # wall clock: the run's timeline
             "ended_at": time.time(),
         }
+
+    def set_optimisation(self, cfg: TrainerConfig) -> None:
+        """Takes `cfg`'s OPTIMISATION_FIELDS from the next step on: the loss, the clipping, the
+        schedule, and AdamW's settings in the optimizer's groups (a checkpoint's load put its
+        own there); its moments and step count stay.
+
+        Raises:
+            ValueError: `cfg` differs from the trainer's config in another field.
+        """
+        fields = [f.name for f in dataclasses.fields(cfg)]
+        other = [n for n in fields if n not in OPTIMISATION_FIELDS]
+        if differ := [n for n in other if getattr(cfg, n) != getattr(self.cfg, n)]:
+            raise ValueError(f"only {', '.join(OPTIMISATION_FIELDS)} may change, not {differ}")
+        for name in OPTIMISATION_FIELDS:  # the scheduler's lambda reads self.cfg.scheduler
+            setattr(self.cfg, name, getattr(cfg, name))
+        self.guard.cfg = cfg.guard
+        o = cfg.optimizer
+        self.scheduler.base_lrs = [o.lr for _ in self.optimizer.param_groups]
+        factor = lr_factor(cfg.scheduler, self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=o.lr * factor, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            )
 
     def eval_loss(self, episodes: list[Episode]) -> float:
         """The objective's loss on this rank's `episodes` and the other ranks', without a step."""
@@ -181,12 +213,17 @@ class Training:
     def _optional(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else self.model.to_device(tensor)
 
-    def _clip_and_step(self) -> torch.Tensor:
+    def _clip_and_step(self, loss: float) -> tuple[float, str | None]:
+        """Clips the gradients and, unless the guard finds the step blown up, applies it.
+        Returns the gradient norm before clipping and the guard's verdict."""
         from torchtitan.distributed import utils as dist_utils
 
         params = self.model.trained_parameters()
-        grad_norm = dist_utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = float(dist_utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        blown = self.guard.verdict(loss, grad_norm)
+        if blown is None:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.guard.applied(grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        return grad_norm, blown
