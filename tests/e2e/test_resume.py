@@ -25,7 +25,7 @@ from forge.loop.record import BatchRecord
 pytestmark = pytest.mark.integration
 
 TINY = "configs/grpo/tiny_cpu.yaml"
-STEPS = 8
+STEPS = 6
 
 
 def grpo(run_dir: Path, *overrides: str) -> subprocess.Popen:
