@@ -68,6 +68,16 @@ def latest_step(folder: str | Path | None) -> int:
     return _step_of(Path(latest.read_text().strip()))
 
 
+def complete_steps(folder: str | Path) -> list[int]:
+    """The steps of the complete checkpoints in `folder`, oldest first: those DCP finished
+    (it writes `.metadata` last) up to the one `latest` names (a newer folder may hold the
+    driver's part of the next checkpoint only)."""
+    folder = Path(folder)
+    newest = latest_step(folder)
+    done = (_step_of(p) for p in folder.glob("step-*") if (p / ".metadata").exists())
+    return sorted(s for s in done if s <= newest)
+
+
 class _TrainState(Stateful):
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, guard: Any, step: int) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler

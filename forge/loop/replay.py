@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.actors.checkpointing import latest_step, step_folder
+from forge.actors.checkpointing import complete_steps, latest_step, step_folder
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.actors.trainer.config import OPTIMISATION_FIELDS
 from forge.config import ConfigError, load_config
@@ -135,11 +135,7 @@ def _starts(checkpoints: Path | None, end: int) -> list[int]:
     """Step 0 and every complete checkpoint before `end`, oldest first."""
     if checkpoints is None or not checkpoints.is_dir():
         return [0]
-    newest = latest_step(checkpoints)
-    steps = (int(p.name.removeprefix("step-")) for p in checkpoints.glob("step-*"))
-    # DCP writes .metadata last; a folder newer than `latest` may hold the driver's part only.
-    complete = (s for s in steps if (step_folder(checkpoints, s) / ".metadata").exists())
-    return [0, *sorted(s for s in complete if s <= newest and s < end)]
+    return [0, *(s for s in complete_steps(checkpoints) if s < end)]
 
 
 def _spans(steps: list[int]) -> str:
