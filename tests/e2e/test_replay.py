@@ -6,7 +6,9 @@ the recorded settings reproduces the record, one under another clip differs, and
 shape the batch are refused. The divergence guard keeps a batch that blows up
 (tests/helper_blow_up.py) from being applied, skipping it or stopping the run, and its replay
 command reproduces the blow-up. Tiny runs through `python -m forge run`, replays through
-`python -m forge replay`.
+`python -m forge replay`; each replay starts a trainer, so one replay shows what it can (the
+async run's step 4 is replayed under its recorded clip: bit-exact, and a what-if that
+reproduces the record).
 """
 
 import re
@@ -77,9 +79,10 @@ def test_an_async_run_with_mixed_versions_replays_a_step_and_the_whole_run_exact
     versions = [{e.policy_version for e in record.read(s).episodes()} for s in record.steps()]
     assert any(len(v) > 1 for v in versions), versions  # some batch mixed policy versions
 
-    step = forge_replay(runs["async"], "--step", "4")
+    recorded_clip = "trainer.loss.clip_eps_high=0.28"  # a what-if under the recorded settings
+    step = forge_replay(runs["async"], "--step", "4", recorded_clip)
     assert step.returncode == 0
-    assert "from checkpoint step-2, steps 3..4" in step.stdout
+    assert "from checkpoint step-2, steps 3..4 | what-if: " + recorded_clip in step.stdout
     assert "step 4: replayed bit-exactly" in step.stdout
 
     whole = forge_replay(runs["async"], "--all")
@@ -94,9 +97,7 @@ def test_a_step_of_a_sync_run_on_two_ranks_replays_bit_exactly(runs):
     assert "step 2: replayed bit-exactly" in done.stdout
 
 
-def test_a_what_if_reruns_a_step_under_other_settings_and_shapes_of_the_batch_are_refused(runs):
-    recorded = forge_replay(runs["async"], "--step", "5", "trainer.loss.clip_eps_high=0.28")
-    assert recorded.returncode == 0  # the recorded settings: the record again
+def test_a_what_if_under_another_clip_differs_and_shapes_of_the_batch_are_refused(runs):
     tight = "trainer.loss.clip_eps_high=0.0001"
     other = forge_replay(runs["async"], "--step", "5", "trainer.loss.clip_eps_low=0.0001", tight)
     assert other.returncode == 1
@@ -114,21 +115,25 @@ def test_a_what_if_reruns_a_step_under_other_settings_and_shapes_of_the_batch_ar
 
 @pytest.mark.parametrize("name", ["async", "stop"])
 def test_a_batch_that_blows_up_is_not_applied_and_its_replay_command_reproduces_it(runs, name):
+    """Both runs print the replay command; the stopped run's is run (each replay starts a
+    trainer, and the command is the same for both)."""
     (line,) = [m for m in map(BLOWN.search, console(runs[name]).splitlines()) if m]
     step, why, action, command = int(line.group(1)), *line.groups()[1:]
     assert why in ("loss nan", "loss inf", "loss -inf", "grad norm nan", "grad norm inf"), why
-    assert action == ("skip" if name == "async" else "stop")
+    assert command == f"forge replay {runs[name]} --step {step}"
     blown = BatchRecord(runs[name]).read(step)
     assert blown.figures["skipped"] == 1.0
     assert blown.params_after == blown.params_before  # not applied
     assert any(abs(e.advantage) == 3e38 for e in blown.episodes())
     logged = [m["step"] for m in metrics(runs[name])]
-    assert logged == (list(range(1, STEPS + 1)) if name == "async" else list(range(1, step)))
-    if name == "stop":  # no final checkpoint: resumed, the run takes the blown step again
-        assert latest_step(runs[name] / "checkpoints") < step
-        assert "no final checkpoint" in console(runs[name])
+    if name == "async":
+        assert action == "skip" and logged == list(range(1, STEPS + 1))
+        return
+    assert action == "stop" and logged == list(range(1, step))
+    # No final checkpoint: resumed, the run takes the blown step again.
+    assert latest_step(runs[name] / "checkpoints") < step
+    assert "no final checkpoint" in console(runs[name])
 
-    assert command == f"forge replay {runs[name]} --step {step}"
     done = forge_replay(runs[name], *command.split()[3:])
     assert done.returncode == 0
     assert re.search(r"skipped +1\.0 +1\.0", done.stdout)
