@@ -21,7 +21,7 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.monarch_compat import stop_proc_mesh
-from forge.controller.slurm_compat import patch_slurm_job
+from forge.controller.slurm_compat import configure_transport, patch_slurm_job
 from forge.controller.submit import AllocationWorkers, in_allocation
 from forge.placement.devices import (
     HostDevices,
@@ -204,6 +204,10 @@ class Provisioner:
         self.placed = 0  # proc meshes placed so far, in the order they asked
         self._placed_more = asyncio.Condition()
         monarch.actor.unhandled_fault_hook = _log_fault
+        if self.cfg.launcher == "slurm":
+            # Before this process's first Monarch proc (torchstore's may come before any mesh):
+            # one on a local socket could not be answered from another node.
+            configure_transport()
 
     def _start_hosts(self) -> None:
         cfg = self.cfg

@@ -11,11 +11,8 @@ import asyncio
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cloudpickle
@@ -23,28 +20,27 @@ import psutil
 import pytest
 from helper_actors import Echo
 from helper_runs import ROOT, metrics, trained
+from helper_slurm import (
+    TINY,
+    active_jobs,
+    free_port,
+    job_processes,
+    no_slurm_reason,
+    submit_grpo,
+    submitted,
+    tail,
+    wait_job_done,
+    wait_until,
+)
 from monarch.actor import endpoint
 
 from forge.actors.checkpointing import latest_step
 from forge.controller import ProvisionerConfig, SlurmConfig, init_provisioner, shutdown
 
 PARTITION = "debug"
-TINY = "configs/grpo/tiny_cpu.yaml"
 
 
-def _no_slurm_reason() -> str | None:
-    if shutil.which("sinfo") is None:
-        return "no SLURM here: sinfo is not on PATH (run .ci/slurm.sh)"
-    out = subprocess.run(
-        ["sinfo", "-h", "-p", PARTITION, "-t", "idle", "-o", "%n"], capture_output=True, text=True
-    )
-    if out.returncode != 0 or not out.stdout.strip():
-        why = out.stderr.strip() or "its nodes are busy, down or absent"
-        return f"no idle SLURM node in partition {PARTITION!r}: {why}"
-    return None
-
-
-_SKIP = _no_slurm_reason()
+_SKIP = no_slurm_reason(PARTITION)
 needs_slurm = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 pytestmark = pytest.mark.integration
 
@@ -60,31 +56,6 @@ class SlurmEcho(Echo):
 # This module is not importable in the worker processes (tests/integration is not on their
 # path): ship SlurmEcho by value; its base Echo is imported there by name.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def active_jobs() -> set[str]:
-    """Ids of jobs squeue still shows (pending, running or completing)."""
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
-def job_processes(job_id: str) -> set[int]:
-    """Processes on this machine that run inside the SLURM job."""
-    found = set()
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("SLURM_JOB_ID") == job_id:
-                found.add(p.pid)
-        except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
-            pass
-    return found
-
-
-def free_port() -> int:
-    # Not the default 22222: a second test run or a stale worker may hold that one.
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -141,53 +112,6 @@ async def test_two_replica_service_on_the_slurm_host(slurm_config):
 # --- forge submit: the run as one batch job ---------------------------------------------------
 
 
-def submit_grpo(run_dir: Path, port: int, *args: str) -> subprocess.CompletedProcess:
-    """`forge submit` of the tiny GRPO config, its workers started on the job's node (the
-    slurm launcher inside the job); checkpoints in the run folder. The same arguments make
-    the same command: the resubmission of a run."""
-    cmd = [sys.executable, "-m", "forge", "submit", "apps/grpo/main.py", "--config", TINY]
-    cmd += ["--partition", PARTITION, "--time", "00:10:00", f"run_dir={run_dir}"]
-    cmd += ["provisioner.launcher=slurm", f"provisioner.slurm.port={port}"]
-    cmd += ["reward.functions=[helper_rewards:vowel_fraction]"]
-    cmd += [f"trainer.checkpoint.folder={run_dir / 'checkpoints'}", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-def submitted(out: subprocess.CompletedProcess, run_dir: Path) -> tuple[str, Path]:
-    """The job id and log path `forge submit` printed (and that it named the run folder)."""
-    assert out.returncode == 0, out.stderr[-2000:]
-    said = dict(line.split(": ", 1) for line in out.stdout.splitlines())
-    assert said["run folder"] == str(run_dir)
-    return said["job"], Path(said["log"])
-
-
-def job_state(job_id: str) -> tuple[str, str]:
-    """The job's state and exit code as `scontrol` reports them (COMPLETED, 0:0)."""
-    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True)
-    fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
-    return fields.get("JobState", "GONE"), fields.get("ExitCode", "")
-
-
-def wait_until(condition, what: str, log: Path, timeout: float = 300) -> None:
-    """Polls `condition` until true; fails with the end of the job's log after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s\n{_tail(log)}")
-        time.sleep(0.5)
-
-
-def wait_job_done(job_id: str, log: Path, timeout: float = 300) -> None:
-    """Until the job has ended, left squeue, and none of its processes remain; it must have
-    exited 0."""
-    # COMPLETING: SLURM is still ending the job's processes; COMPLETED (or another end) follows.
-    ended = lambda: job_state(job_id)[0] not in ("PENDING", "RUNNING", "COMPLETING")  # noqa: E731
-    wait_until(ended, "job end", log, timeout)
-    state, code = job_state(job_id)
-    assert (state, code) == ("COMPLETED", "0:0"), f"{state} {code}\n{_tail(log)}"
-    wait_until(lambda: job_id not in active_jobs() and not job_processes(job_id), "gone", log, 60)
-
-
 def _in_a_step(pid: int) -> bool:
     try:
         return any(p.name() == "slurmstepd" for p in psutil.Process(pid).parents())
@@ -198,10 +122,6 @@ def _in_a_step(pid: int) -> bool:
 def _node() -> str:
     out = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-o", "%n"], capture_output=True)
     return out.stdout.decode().split()[0]
-
-
-def _tail(log: Path) -> str:
-    return log.read_text()[-3000:] if log.exists() else f"(no log at {log})"
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -242,7 +162,7 @@ def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint(tmp_path):
     args = (f"steps={steps}", "trainer.checkpoint.interval=2", "export_hf=false")
     job, log = submitted(submit_grpo(run_dir, port, *args), run_dir)
     try:
-        running = lambda: job in active_jobs() or pytest.fail(f"job ended\n{_tail(log)}")  # noqa: E731
+        running = lambda: job in active_jobs() or pytest.fail(f"job ended\n{tail(log)}")  # noqa: E731
         checkpointed = lambda: running() and latest_step(run_dir / "checkpoints") >= 2  # noqa: E731
         wait_until(lambda: checkpointed() and _steps_logged(run_dir) >= 3, "checkpoint", log)
         # The driver, its workers and what they started: all in the job's steps, which SLURM
