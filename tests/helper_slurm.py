@@ -35,15 +35,18 @@ def active_jobs() -> set[str]:
     return set(out.stdout.split())
 
 
-def job_processes(job_id: str) -> set[int]:
-    """Processes on this machine that run inside the SLURM job."""
+def job_processes(job_id: str, **env: str) -> set[int]:
+    """Processes on this machine that run inside the SLURM job (and have `env` in their
+    environment: a role's `env` in the config marks its processes)."""
+    wanted = {"SLURM_JOB_ID": job_id, **env}
     found = set()
     for p in psutil.process_iter():
         try:
-            if p.environ().get("SLURM_JOB_ID") == job_id:
-                found.add(p.pid)
+            environ = p.environ()
         except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
-            pass
+            continue
+        if all(environ.get(k) == v for k, v in wanted.items()):
+            found.add(p.pid)
     return found
 
 

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 def patch_slurm_job(job: Any) -> Any:
     """Applies both fixes to one `SlurmJob` (and, for the second, to this process)."""
     job._get_job_info_json = _squeue_job
+    # Again, though the provisioner did it at its start: monarch's SlurmJob sets its own
+    # transport, which panics on a hostname that resolves only to loopback.
     configure_transport()
     return job
 

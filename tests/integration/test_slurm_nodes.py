@@ -14,12 +14,12 @@ import socket
 import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 from helper_runs import forge_run, metrics, trained
 from helper_slurm import (
     TINY,
     free_port,
+    job_processes,
     no_slurm_reason,
     submit_grpo,
     submitted,
@@ -94,7 +94,8 @@ def test_a_run_over_both_nodes_trains_as_it_does_on_one(tmp_path):
         if reference.poll() is None:
             reference.kill()
 
-    hosts = {m["mesh"]: m["hosts"] for m in _placement(run_dir)}
+    placement = json.loads((run_dir / "placement.json").read_text())
+    hosts = {m["mesh"]: m["hosts"] for m in placement}
     (trainer_node,), (generator_node,) = hosts["TitanTrainer"], hosts["Generator"]
     assert {trainer_node, generator_node} == {"forge-node1", "forge-node2"}
     assert networks == {
@@ -115,28 +116,16 @@ def _figures(run_dir: Path, key: str) -> list[float]:
     return [m[key] for m in metrics(run_dir)]
 
 
-def _role_processes(job: str, role: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            env = p.environ()
-        except (psutil.Error, OSError):
-            continue
-        if env.get("SLURM_JOB_ID") == job and env.get("FORGE_TEST_ROLE") == role:
-            found.append(p)
-    return found
-
-
 def _roles_running(job: str) -> bool:
-    return all(_role_processes(job, role) for role in ("trainer", "generator"))
+    return all(job_processes(job, FORGE_TEST_ROLE=role) for role in ("trainer", "generator"))
 
 
 def _networks(job: str, role: str) -> set[int]:
     """The network namespaces (inode numbers) the role's processes run in."""
     found = set()
-    for p in _role_processes(job, role):
+    for pid in job_processes(job, FORGE_TEST_ROLE=role):
         try:
-            found.add(os.stat(f"/proc/{p.pid}/ns/net").st_ino)
+            found.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
         except FileNotFoundError:
             pass  # ended meanwhile
     return found
@@ -144,7 +133,3 @@ def _networks(job: str, role: str) -> set[int]:
 
 def _namespace(node: str) -> int:
     return os.stat(f"/run/netns/{node}").st_ino
-
-
-def _placement(run_dir: Path) -> list[dict]:
-    return json.loads((run_dir / "placement.json").read_text())
