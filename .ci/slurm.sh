@@ -105,9 +105,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
-# Short waits so a cancelled job frees the node in seconds, not minutes.
+# Short waits so a cancelled job frees the node in seconds, not minutes, and a requeued one
+# starts again in seconds (a requeued job waits out its credential's lifetime).
 KillWait=5
 MinJobAge=30
+AuthInfo=cred_expire=10
 SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none

@@ -33,6 +33,7 @@ BENCHES = [
     ("generator-lora", "python bench/generator.py --lora", "generator"),
     ("weight_sync", "python bench/weight_sync.py", "weight_sync"),
     ("weight_sync-lora", "python bench/weight_sync.py --lora", "weight_sync"),
+    ("weight_sync-nodes", "python bench/weight_sync.py --across-nodes", "weight_sync"),
     ("checkpoint", "python bench/checkpoint.py", "checkpoint"),
     ("trainer_flops", "python bench/trainer_flops.py", "trainer_flops"),
     ("trainer_memory", "python bench/trainer_memory.py", "trainer_memory"),
@@ -48,6 +49,7 @@ BENCHES = [
 VARIANTS = {
     "generator-lora": "what serving a LoRA adapter costs the Generator",
     "weight_sync-lora": "weight sync of full weights against a LoRA adapter, and merged",
+    "weight_sync-nodes": "torchstore between two SLURM nodes (network namespaces), against raw TCP",
 }
 
 

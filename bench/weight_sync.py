@@ -12,6 +12,11 @@ Versions are retired as a run retires them, so the steady state is what is repor
 of versions 3..N. The first two each create the file (shm) or buffer (rdma) that every later
 version reuses, a run holding at most two at a time; their figures are printed as they come.
 
+With `--across-nodes` it moves SmolLM2's tensors over torchstore between the two nodes of the
+test SLURM cluster (`.ci/slurm.sh`, partition `two`: two network namespaces on a bridge), the
+store and the publisher on one node, the fetcher on the other, and compares the rate with a raw
+TCP copy of the same bytes between the same two nodes, into a buffer already allocated.
+
 With `--lora` it compares, over shared memory, a full trainer with a LoRA one (rank 16 on every
 linear layer of the decoder) publishing adapters, and one publishing merged weights
 (`weight_sync.lora.publish: merged`): each takes a GRPO step on 16 sequences before each
@@ -19,13 +24,16 @@ version, and the bench prints for each the bytes of a version, publish + fetch +
 ratios to full weights', and the trainer's peak resident memory over its steps.
 
     python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore] [--lora]
+        [--across-nodes]
 """
 
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -40,7 +48,14 @@ from trainer_memory import batch as grpo_batch
 
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
-from forge.controller import shutdown
+from forge.controller import (
+    ProcessConfig,
+    ProvisionerConfig,
+    SlurmConfig,
+    get_provisioner,
+    init_provisioner,
+    shutdown,
+)
 from forge.models import smollm2
 from forge.models.lora import LoRAConfig
 from forge.models.titan import hf_state_dict
@@ -48,6 +63,7 @@ from forge.observability.console import say
 from forge.weights import torchstore_compat
 from forge.weights.shm_folders import ShmFolder
 from forge.weights.sync_config import WeightSyncConfig
+from forge.weights.torchstore_transport import TorchStoreTransport
 from forge.weights.transport import TransportConfig, delete_older_than, make_transport
 
 # The raw-transfer actors live in this script, which their processes cannot import: ship them
@@ -191,7 +207,149 @@ async def compare_lora(versions: int, bound: float, result: Result) -> None:
         result.ratio(f"{name} / full: trainer peak RSS", r["peak_rss_gb"] / full["peak_rss_gb"])
 
 
+class NodePublisher(Actor):
+    """Publishes versions of tensors shaped as `shapes` into torchstore."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.state_dict = {name: torch.randn(shape) for name, shape in shapes.items()}
+        self.transport = TorchStoreTransport("bench-nodes")
+
+    @endpoint
+    async def publish(self, version: int) -> float:
+        start = time.perf_counter()
+        await self.transport.publish(version, self.state_dict)
+        return time.perf_counter() - start
+
+
+class NodeFetcher(Actor):
+    """Fetches versions from torchstore (unverified: the bytes' movement alone)."""
+
+    def __init__(self) -> None:
+        self.transport = TorchStoreTransport("bench-nodes")
+
+    @endpoint
+    async def fetch(self, version: int) -> float:
+        start = time.perf_counter()
+        await self.transport.fetch_unverified(version)
+        return time.perf_counter() - start
+
+
+class TcpReceiver(Actor):
+    """Receives bytes over one TCP connection into a buffer allocated and touched before."""
+
+    @endpoint
+    async def listen(self, nbytes: int) -> tuple[str, int]:
+        self.buffer = bytearray(nbytes)
+        self.server = socket.create_server(("", 0))
+        return socket.gethostname(), self.server.getsockname()[1]
+
+    @endpoint
+    async def receive(self) -> float:
+        return await asyncio.to_thread(self._receive)
+
+    def _receive(self) -> float:
+        conn, _ = self.server.accept()
+        view, got = memoryview(self.buffer), 0
+        start = time.perf_counter()
+        with conn:
+            while got < len(view):
+                got += conn.recv_into(view[got:])
+        return time.perf_counter() - start
+
+
+class TcpSender(Actor):
+    """Sends `nbytes` of a buffer allocated and touched before the connection."""
+
+    @endpoint
+    async def send(self, host: str, port: int, nbytes: int) -> None:
+        data = bytes(nbytes)
+        with socket.create_connection((host, port)) as conn:
+            await asyncio.to_thread(conn.sendall, data)
+
+
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to `host` (this machine's name may be loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), 9))  # no packet: it only picks the route
+        return s.getsockname()[0]
+
+
+async def compare_across_nodes(versions: int, result: Result) -> None:
+    """torchstore's rate between the two nodes of partition `two`, against raw TCP's."""
+    state_dict = hf_state_dict(smollm2())
+    shapes = {name: tuple(t.shape) for name, t in state_dict.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
+    slurm = SlurmConfig(
+        partition="two",
+        time="00:20:00",
+        log_dir=tempfile.gettempdir(),
+        driver_address=_address_towards("forge-node1"),
+    )
+    init_provisioner(ProvisionerConfig(launcher="slurm", hosts=2, cpus_per_host=1, slurm=slurm))
+    try:
+        first, second = [
+            await get_provisioner().spawn_procs(ProcessConfig(cpus_per_proc=1, mesh_name=name))
+            for name in ("publisher", "fetcher")
+        ]
+        await torchstore_compat.initialize(mesh=first)  # the store beside the publisher
+        publisher = first.spawn("publisher", NodePublisher, shapes)
+        fetcher = second.spawn("fetcher", NodeFetcher)
+        receiver = second.spawn("receiver", TcpReceiver)
+        sender = first.spawn("sender", TcpSender)
+        owner = first.spawn("owner", RawOwner)
+        buffer = await owner.buffer.call_one(nbytes)
+        monarch_read = await second.spawn("reader", RawReader).read.call_one(buffer, 3)
+        raw, moved = [], []
+        for version in range(1, versions + 1):
+            host, port = await receiver.listen.call_one(nbytes)
+            copied, _ = await asyncio.gather(
+                receiver.receive.call_one(), sender.send.call_one(host, port, nbytes)
+            )
+            published = await publisher.publish.call_one(version)
+            fetched = await fetcher.fetch.call_one(version)
+            say(
+                f"  v{version}: raw TCP {copied:.3f}s; torchstore publish {published:.3f}s, "
+                f"fetch {fetched:.3f}s"
+            )
+            if version >= WARM:
+                raw.append(copied)
+                moved.append((published, fetched))
+        await torchstore_compat.shutdown()
+    finally:
+        await shutdown()
+    copy = statistics.median(raw)
+    publish = statistics.median(p for p, _ in moved)
+    fetch = statistics.median(f for _, f in moved)
+    say(
+        f"between the nodes: raw TCP {nbytes / copy / 1e9:.3f} GB/s; raw Monarch RDMA read "
+        f"({monarch.rdma.get_rdma_backend()}) {nbytes / monarch_read / 1e9:.3f} GB/s = "
+        f"{copy / monarch_read:.2f}x raw TCP; torchstore fetch "
+        f"{nbytes / fetch / 1e9:.3f} GB/s = {copy / fetch:.2f}x raw; publish + fetch "
+        f"{nbytes / (publish + fetch) / 1e9:.3f} GB/s = {copy / (publish + fetch):.2f}x raw"
+    )
+    result.figure("bytes per version (SmolLM2-135M, fp32)", nbytes / 1e6, "MB")
+    result.figure("raw TCP copy between the nodes", nbytes / copy / 1e9, "GB/s")
+    result.figure(
+        f"raw Monarch RDMA read ({monarch.rdma.get_rdma_backend()}) between the nodes",
+        nbytes / monarch_read / 1e9,
+        "GB/s",
+    )
+    result.ratio("raw Monarch RDMA read rate / raw TCP copy rate", copy / monarch_read)
+    result.figure("torchstore: publish (on the store's node)", publish, "s")
+    result.figure("torchstore: fetch (across the nodes)", fetch, "s")
+    # The fetch is what crosses between the nodes; the publish stays on the store's node.
+    result.ratio(
+        "torchstore fetch rate / raw TCP copy rate", copy / fetch, target=">= 0.5", headline=True
+    )
+    result.ratio("torchstore publish + fetch rate / raw TCP copy rate", copy / (publish + fetch))
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.across_nodes:
+        result = Result("weight_sync-nodes")
+        await compare_across_nodes(args.versions, result)
+        result.write()
+        return
     nbytes = sum(t.numel() * t.element_size() for t in hf_state_dict(smollm2()).values())
     bandwidth = copy_bandwidth(nbytes)
     bound = nbytes / bandwidth
@@ -265,6 +423,11 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--lora", action="store_true", help="full weights against a LoRA adapter, over shm"
+    )
+    parser.add_argument(
+        "--across-nodes",
+        action="store_true",
+        help="torchstore between the two nodes of the test SLURM cluster, against raw TCP",
     )
     args = parser.parse_args()
     if args.versions < WARM:

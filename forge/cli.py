@@ -305,7 +305,22 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
             f"forge: run {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
             f"{type(e).__name__}{': ' + first if first else ''} (details: {log})"
         )
+        if _host_lost(e):  # a batch job requeues itself on this status (forge submit)
+            from forge.controller.submit import HOST_LOST_STATUS
+
+            raise SystemExit(HOST_LOST_STATUS) from e
         raise
+
+
+def _host_lost(error: BaseException | None) -> bool:
+    """Whether a lost host (HostLostError) is among the causes of `error`."""
+    from forge.controller import HostLostError
+
+    while error is not None:
+        if isinstance(error, HostLostError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _call(app_main: Callable[[Any], Any], cfg: Any) -> None:

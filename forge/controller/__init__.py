@@ -3,6 +3,7 @@
 from forge.controller.actor import ActorOptions, ForgeActor, retry_safe
 from forge.controller.monarch_compat import SupervisionError
 from forge.controller.provisioner import (
+    HostLostError,
     ProcessConfig,
     Provisioner,
     ProvisionerConfig,
@@ -16,6 +17,7 @@ from forge.controller.service import Service, ServiceConfig
 __all__ = [
     "ActorOptions",
     "ForgeActor",
+    "HostLostError",
     "ProcessConfig",
     "Provisioner",
     "ProvisionerConfig",

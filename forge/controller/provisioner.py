@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ import monarch.actor
 from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
 
 from forge.controller.monarch_compat import stop_proc_mesh
-from forge.controller.slurm_compat import configure_transport, patch_slurm_job
+from forge.controller.slurm_compat import cancel_with_driver, configure_transport, patch_slurm_job
 from forge.controller.submit import AllocationWorkers, in_allocation
 from forge.placement.devices import (
     HostDevices,
@@ -36,6 +37,9 @@ from forge.placement.plan import ClusterShape
 logger = logging.getLogger(__name__)
 
 LAUNCHERS = ("local", "process", "slurm")
+# How long a host's Monarch worker may take to accept a connection before the host counts as
+# lost (check_hosts).
+HOST_PROBE_TIMEOUT_S = 5.0
 # Where rendezvous ports are drawn from (_free_port), and how many to try there.
 _FIRST_PORT = 20000
 _PORT_TRIES = 50
@@ -59,6 +63,9 @@ class SlurmConfig:
     exclusive: bool = True  # whole nodes; False shares them (then size cpus_per_task and mem)
     port: int = 22222  # where each node's Monarch worker listens
     log_dir: str | None = None  # for the job's stdout/stderr; None: the current directory
+    # The address this driver listens on for its workers; None: its hostname's. Set it where
+    # the nodes cannot reach that one (a login node whose hostname names another network).
+    driver_address: str | None = None
 
 
 @dataclass
@@ -179,6 +186,10 @@ def first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+class HostLostError(RuntimeError):
+    """A host of the run no longer answers: what ran there cannot be respawned there."""
+
+
 def _log_fault(failure: Any) -> None:
     # Monarch's default hook exits the driver when any actor's process dies. Services detect
     # and repair dead replicas themselves (and count them), a plain actor's caller gets the
@@ -193,6 +204,7 @@ class Provisioner:
     def __init__(self, cfg: ProvisionerConfig | None = None) -> None:
         self.cfg = cfg or ProvisionerConfig()
         self._job: Any = None
+        self._job_watcher: subprocess.Popen | None = None  # cancels a SlurmJob if we die
         self._host_mesh: HostMesh | None = None
         self._devices: list[HostDevices] = []
         # name -> the group's placement, and each member mesh name's view of its devices
@@ -200,6 +212,7 @@ class Provisioner:
         self._meshes: dict[int, tuple[ProcMesh, Placement, str, list[HostDevices]]] = {}
         self._owned: list[Stoppable] = []
         self._actors: dict[int, ProcMesh] = {}
+        self._lost: set[int] = set()  # hosts check_hosts found gone
         self._lock = asyncio.Lock()
         self.placed = 0  # proc meshes placed so far, in the order they asked
         self._placed_more = asyncio.Condition()
@@ -207,7 +220,7 @@ class Provisioner:
         if self.cfg.launcher == "slurm":
             # Before this process's first Monarch proc (torchstore's may come before any mesh):
             # one on a local socket could not be answered from another node.
-            configure_transport()
+            configure_transport(self.cfg.slurm.driver_address)
 
     def _start_hosts(self) -> None:
         cfg = self.cfg
@@ -221,6 +234,8 @@ class Provisioner:
         else:
             self._job = self._make_job()
             self._host_mesh = self._job.state(cached_path=None).hosts
+            if cfg.launcher == "slurm":
+                self._job_watcher = cancel_with_driver(self._job)
         gpus = cfg.gpus_per_host
         if gpus is None:
             gpus = cfg.slurm.gpus_per_node if cfg.launcher == "slurm" else _local_gpu_count()
@@ -252,7 +267,7 @@ class Provisioner:
             qos=s.qos,
             job_start_timeout=s.job_start_timeout,
         )
-        return patch_slurm_job(job)
+        return patch_slurm_job(job, s.driver_address)
 
     async def reserve_group(self, name: str, *, hosts: int, gpus: int, cpus: int) -> Placement:
         """Reserves `gpus` GPUs and `cpus` cores on each of `hosts` hosts for meshes that
@@ -343,7 +358,8 @@ class Provisioner:
     async def stop_procs(self, mesh: ProcMesh) -> None:
         """Stops a proc mesh started by `spawn_procs` and frees its devices.
 
-        A mesh whose processes already died stops without error. If the stop fails, its
+        A mesh whose processes already died stops without error; one on a host that
+        `check_hosts` found lost is only forgotten. If the stop fails, its
         processes may still run: the mesh keeps its devices (no other mesh gets them), stays
         counted in `num_procs`, a warning says so, and a later call (`shutdown` makes one)
         tries again.
@@ -354,6 +370,12 @@ class Provisioner:
         if entry is None:
             return
         _, placement, name, devices = entry
+        if self._lost.intersection(placement.hosts):
+            # No answer would come from there. Its processes on the lost host went with it;
+            # any elsewhere end with the workers' step at shutdown. The devices stay reserved,
+            # so that nothing else is placed on a lost host.
+            logger.info("proc mesh %s not stopped: its host was lost", name)
+            return
         try:
             async with asyncio.timeout(self.cfg.stop_timeout_s):
                 await stop_proc_mesh(mesh)
@@ -379,6 +401,21 @@ class Provisioner:
         return "; ".join(
             f"{self._devices[h].name}: GPUs {list(g)}, cores {list(c)}" for h, g, c in hosts
         )
+
+    async def check_hosts(self, mesh: Any) -> None:
+        """Raises HostLostError if a host that `mesh` (a proc mesh or an `as_actor` handle)
+        runs on no longer answers. Only workers this provisioner started on the nodes of its
+        own SLURM job (`forge submit`) are probed; other hosts pass unchecked.
+        """
+        entry = self._meshes.get(id(self._actors.get(id(mesh), mesh)))
+        if entry is None or not isinstance(self._job, AllocationWorkers):
+            return
+        for h in entry[1].hosts:
+            node, port = self._job.addresses[h]
+            why = await asyncio.to_thread(_unreachable, node, port)
+            if why is not None:
+                self._lost.add(h)
+                raise HostLostError(f"node {node} lost: its Monarch worker at {node}:{port} {why}")
 
     def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
         """Remembers which proc mesh an `as_actor` handle runs on, for `stop_actor`."""
@@ -433,10 +470,25 @@ class Provisioner:
         if self._job is not None:
             self._job.kill()
             self._job = None
+        if self._job_watcher is not None:
+            self._job_watcher.stdin.close()
+            self._job_watcher.wait()
+            self._job_watcher = None
         self._host_mesh = None
         errors = [e for e in stopped if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
+
+
+def _unreachable(host: str, port: int) -> str | None:
+    """Why nothing accepts a connection at host:port (None: something does)."""
+    try:
+        socket.create_connection((host, port), timeout=HOST_PROBE_TIMEOUT_S).close()
+    except TimeoutError:
+        return f"did not answer in {HOST_PROBE_TIMEOUT_S:.0f}s"
+    except OSError as e:
+        return f"is unreachable ({e.strerror or e})"
+    return None
 
 
 def _replace_port(placement: Placement, port: int, addr: str = "localhost") -> Placement:

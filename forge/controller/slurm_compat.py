@@ -1,10 +1,12 @@
 """Compatibility of monarch 0.7.0's `SlurmJob` with SLURM 22.05 (Debian 12) and loopback hosts.
 
-Two upstream gaps, both in torchmonarch 0.7.0:
+Three upstream gaps, all in torchmonarch 0.7.0:
 - it reads `squeue --json` in the SLURM 23.02+ layout, and SLURM 22.05 ignores `--job` when
   `--json` is given, so monarch would read whichever job is listed first;
 - it makes the driver listen on its hostname's address, and panics when that name resolves only
-  to loopback (Debian's 127.0.1.1 entry, containers).
+  to loopback (Debian's 127.0.1.1 entry, containers);
+- a driver outside the job cancels it only from `kill()`: one that ends without it (a Jupyter
+  kernel shut down or killed) leaves the job running until its time limit.
 """
 
 import ipaddress
@@ -12,6 +14,7 @@ import json
 import logging
 import socket
 import subprocess
+import sys
 from typing import Any
 
 from monarch.actor import ChannelTransport
@@ -20,18 +23,40 @@ from monarch.config import configure
 logger = logging.getLogger(__name__)
 
 
-def patch_slurm_job(job: Any) -> Any:
+def patch_slurm_job(job: Any, address: str | None = None) -> Any:
     """Applies both fixes to one `SlurmJob` (and, for the second, to this process)."""
     job._get_job_info_json = _squeue_job
     # Again, though the provisioner did it at its start: monarch's SlurmJob sets its own
     # transport, which panics on a hostname that resolves only to loopback.
-    configure_transport()
+    configure_transport(address)
     return job
 
 
-def configure_transport() -> None:
-    """Makes this process listen where SLURM nodes can reach it: on its hostname's address, as
-    monarch's SlurmJob does, or on localhost when that name resolves only to loopback."""
+# Reads until this driver's end of the pipe closes (the driver ended, however), then cancels.
+_CANCEL_AT_EOF = (
+    "import subprocess, sys; sys.stdin.buffer.read(); "
+    "subprocess.run(['scancel', sys.argv[1]], capture_output=True)"
+)
+
+
+def cancel_with_driver(job: Any) -> subprocess.Popen:
+    """Starts a watcher that cancels the `SlurmJob`'s job once this process has ended, even by
+    SIGKILL: it waits for the end of a pipe only this process holds. Closing the watcher's
+    stdin cancels the job at once."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _CANCEL_AT_EOF, job._slurm_job_id],
+        stdin=subprocess.PIPE,
+        start_new_session=True,  # outside the driver's process group, which Jupyter kills
+    )
+
+
+def configure_transport(address: str | None = None) -> None:
+    """Makes this process listen where SLURM nodes can reach it: on `address` if given, else
+    on its hostname's address, as monarch's SlurmJob does, or on localhost when that name
+    resolves only to loopback."""
+    if address is not None:
+        configure(default_transport=f"tcp://{address}:0")
+        return
     if _hostname_routable():
         configure(default_transport=ChannelTransport.TcpWithHostname)
         return

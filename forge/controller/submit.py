@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 
 from monarch.actor import HostMesh, attach_to_workers
 
-from forge.controller.slurm_compat import configure_transport
-
 if TYPE_CHECKING:  # the provisioner imports this module
     from forge.controller.provisioner import SlurmConfig
 
 # Set by the batch script: the driver's `slurm` launcher uses the job it runs in.
 ALLOCATION_ENV = "FORGE_SLURM_ALLOCATION"
+# The driver's exit status when a node of its job was lost (EX_TEMPFAIL): the batch script
+# then requeues the job, which resumes the run from its newest checkpoint.
+HOST_LOST_STATUS = 75
 # How long a stopped worker step may take to end before it is killed.
 STOP_TIMEOUT_S = 30
 
@@ -63,7 +64,14 @@ def batch_script(
         "# The driver runs here; with the slurm launcher it starts its workers on the job's",
         "# nodes (srun), so scancel stops them all.",
         f"export {ALLOCATION_ENV}=1",
-        f"exec {shlex.join(command)}",
+        shlex.join(command),
+        "status=$?",
+        f"if [ $status -eq {HOST_LOST_STATUS} ]; then  # a node was lost",
+        '    echo "forge submit: job $SLURM_JOB_ID requeued: the run resumes from its newest'
+        ' checkpoint"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        "exit $status",
     ]
     return "\n".join(lines) + "\n"
 
@@ -84,6 +92,9 @@ def _directives(slurm: "SlurmConfig", *, nodes: int, log: Path, workdir: Path) -
         "mem": slurm.mem,
     }
     lines = [f"#SBATCH --{k}={v}" for k, v in options.items() if v is not None]
+    # Requeued after a lost node (by the script, or by SLURM when it was the driver's), and
+    # each attempt's output kept in the one log.
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     if slurm.exclusive:
         lines.append("#SBATCH --exclusive")
     for arg in slurm.extra_args:
@@ -121,6 +132,7 @@ class AllocationWorkers:
 
     Attributes:
         nodes: the nodes' names, in host-mesh order.
+        addresses: where each node's worker listens (name, port), in the same order.
         hosts: the host mesh over them.
     """
 
@@ -132,14 +144,14 @@ class AllocationWorkers:
                 f"provisioner.hosts={hosts}"
             )
         self.nodes = nodes[:hosts]
-        configure_transport()
+        self.addresses = [(node, port) for node in self.nodes]
         # --overlap: the batch step (this driver) keeps its share of the first node's CPUs.
         srun = ["srun", "--overlap", f"--nodelist={','.join(self.nodes)}", f"--ntasks={hosts}"]
         self._step = subprocess.Popen([*srun, "--ntasks-per-node=1", python, "-c", _WORKER % port])
         self.hosts: HostMesh = attach_to_workers(
             name="hosts",
             ca="trust_all_connections",
-            workers=[f"tcp://{node}:{port}" for node in self.nodes],
+            workers=[f"tcp://{node}:{port}" for node, port in self.addresses],
         )
 
     def kill(self) -> None:

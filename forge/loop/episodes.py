@@ -136,7 +136,8 @@ async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(call) for call in calls]
     except ExceptionGroup as failed:
-        raise failed.exceptions[0] from None
+        first = failed.exceptions[0]
+        raise first from first.__cause__  # its own cause kept; the group is not shown
     return [task.result() for task in tasks]
 
 

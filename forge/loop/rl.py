@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from forge.controller.service import NoHealthyReplicaError
 from forge.data.admission import AdmissionGate
 from forge.data.episode import Episode
 from forge.envs.episode import EpisodeOutcome
@@ -188,7 +189,9 @@ class RLLoop(Run):
             group = self.take_group()
             try:
                 episodes = await self.rollout(group)
-            except asyncio.CancelledError:  # stop_rollouts: the group is taken again later
+            except (asyncio.CancelledError, NoHealthyReplicaError):
+                # Stopped (stop_rollouts) or nothing left to generate with (its host lost):
+                # the group is taken again later, by this run or its resumption.
                 self.in_flight.discard(group)
                 self.redo.append(group)
                 await self.gate.finished(self.cfg.group_size, kept=0)
@@ -230,7 +233,8 @@ class RLLoop(Run):
                     batches.append(result)
                     failures = 0
                     continue
-                if not isinstance(result, Exception):  # cancelled: the run is stopping
+                # Cancelled (the run is stopping), or nothing left to generate with.
+                if not isinstance(result, Exception) or isinstance(result, NoHealthyReplicaError):
                     raise result
                 self.in_flight.discard(group)
                 failures += 1

@@ -70,6 +70,7 @@ class Run:
         self.folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
         self.record = BatchRecord(cfg.run_dir, cfg.record)
         self.version = 0
+        self.logged = 0  # the newest step whose metrics are logged: the newest step finished
         self.trainer_restarts = 0
         self.checkpointed = 0  # the step of the newest checkpoint
         self.stopped_at = 0  # the step the divergence guard stopped the run at
@@ -146,7 +147,7 @@ class Run:
         t = cfg.trainer_resources
         self.world = t.procs * (t.hosts or 1)  # data-parallel ranks
         # The trainer resumed the same checkpoint; the generators start from its weights.
-        self.version = await self.trainer.get_step()
+        self.version = self.logged = await self.trainer.get_step()
         if self.version != resumed:
             raise RuntimeError(f"trainer resumed step {self.version}, the run folder {resumed}")
         if resumed:
@@ -290,6 +291,8 @@ class Run:
         start = time.perf_counter()
         updates = await self.generator.update_weights(version)
         record_metric("weights/update_s", time.perf_counter() - start)
+        if not updates:  # every generator died meanwhile: each respawn loads the newest version
+            return
         # Per generator: the drain before its swap (nothing new admitted), then the swap
         # (engine stopped); the slowest generator's.
         record_metric("weights/generator_pause_s", max(u["pause_s"] for u in updates))
@@ -352,7 +355,9 @@ class Run:
 
         Raises:
             RuntimeError: the trainer died more than `max_trainer_restarts` times.
+            HostLostError: its host is gone, so it cannot be respawned there.
         """
+        await get_provisioner().check_hosts(self.trainer.mesh)
         self.trainer_restarts += 1
         if self.trainer_restarts > self.cfg.max_trainer_restarts:
             raise RuntimeError(
@@ -366,7 +371,7 @@ class Run:
         if (cpus := self.placer.cores_of("trainer")) is not None:
             await self.trainer.use_cores(cpus)
         self.logger.sources = [self.trainer.mesh if s is old else s for s in self.logger.sources]
-        self.version = self.checkpointed = await self.trainer.get_step()
+        self.version = self.checkpointed = self.logged = await self.trainer.get_step()
         await self.sync_generators()
         self.folder.rewind(self.version)  # the steps after the checkpoint are redone
         record_metric("trainer/restarts", self.trainer_restarts, Reduce.MAX)
@@ -396,7 +401,9 @@ class Run:
         if self.generator is not None:
             await self.log_generators(step)
         record_metric("run/elapsed_s", time.perf_counter() - start)
-        return await self.logger.step(step)
+        logged = await self.logger.step(step)
+        self.logged = step
+        return logged
 
     async def log_generators(self, step: int) -> None:
         """The generators' deaths, throughput, and busy intervals (on the timeline)."""
@@ -452,6 +459,7 @@ class Run:
         try:
             if hasattr(self, "logger"):  # started: there is something to save and show
                 await self._settle_update()
+                await self._log_interrupted_step()
                 drain_local()  # what a last update recorded belongs to no logged step
                 self.logger.close()  # the progress bar first, so the lines below stay whole
                 self.trained_log.close()
@@ -469,6 +477,16 @@ class Run:
             finally:
                 await shutdown()
 
+    async def _log_interrupted_step(self) -> None:
+        """Logs a step that trained but was stopped before its line (Ctrl-C, or a failure in
+        its weight update), so that the final checkpoint is of a step the metrics show."""
+        if self.version == self.logged:
+            return
+        try:
+            await self.log_step(self.version, self.started)
+        except Exception as e:
+            say(f"step {self.version} trained, but its metrics could not be logged: {e}")
+
     async def _settle_update(self) -> None:
         """Waits for a running weight update at close; a failed one is reported, not raised
         (the run's own error, if any, is the one to see)."""
@@ -482,6 +500,8 @@ class Run:
         try:
             if self.stopped_at:
                 say(f"no final checkpoint: resumed, it goes on after step {self.checkpointed}")
+            elif self.version != self.logged:  # resumed from there, its line would be missing
+                say(f"no final checkpoint: step {self.version} was not logged")
             elif self.cfg.trainer.checkpoint.folder and self.version:
                 await self.checkpoint(self.version, final=True)
                 say(f"checkpoint: {self.cfg.trainer.checkpoint.folder} (step {self.version})")

@@ -30,11 +30,13 @@ class TorchStoreTransport:
         return f"{self.prefix}/v{version:09d}/{name}"
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-        """Puts every tensor, then the manifest."""
+        """Puts every tensor (all at once: one at a time waits out each call's round trip),
+        then the manifest."""
         state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
         manifest = await asyncio.to_thread(build_manifest, version, state_dict)
-        for name, tensor in state_dict.items():
-            await ts.put(self._key(version, f"tensors/{name}"), tensor)
+        async with asyncio.TaskGroup() as group:  # one failing cancels the others
+            for name, tensor in state_dict.items():
+                group.create_task(ts.put(self._key(version, f"tensors/{name}"), tensor))
         await ts.put(self._key(version, "manifest"), manifest.to_json())
         return manifest
 
@@ -53,13 +55,17 @@ class TorchStoreTransport:
         """
         manifest = await self._manifest(version)
         try:
-            state_dict = {
-                e.name: await ts.get(self._key(version, f"tensors/{e.name}"))
-                for e in manifest.tensors
-            }
-        except KeyError as e:
-            raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
-        return manifest, state_dict
+            async with asyncio.TaskGroup() as group:  # all at once, as `publish` puts them
+                gets = {
+                    e.name: group.create_task(ts.get(self._key(version, f"tensors/{e.name}")))
+                    for e in manifest.tensors
+                }
+        except* KeyError as e:
+            missing = e.exceptions[0]
+            raise WeightVersionGone(
+                f"version {version} was deleted while read ({missing})"
+            ) from None
+        return manifest, {name: get.result() for name, get in gets.items()}
 
     async def _manifest(self, version: int) -> Manifest:
         """Waits for `version`'s manifest (see `fetch_unverified` for what is raised)."""

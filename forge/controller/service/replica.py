@@ -10,6 +10,8 @@ from typing import Any
 
 from monarch.actor import ActorError
 
+from forge.controller.provisioner import HostLostError
+
 
 class CallAbandoned(Exception):
     """Raised by `Replica.call` when the service gives up on the replica while the call waits:
@@ -25,6 +27,7 @@ class ReplicaState(Enum):
     HEALTHY = "healthy"
     FAILED = "failed"
     RECOVERING = "recovering"
+    LOST = "lost"  # its host is gone: never respawned
     DRAINING = "draining"
     STOPPED = "stopped"
 
@@ -61,6 +64,7 @@ class Replica:
         self.state = ReplicaState.STARTING
         self.generation = 0
         self.recovery: asyncio.Task | None = None
+        self.lost: HostLostError | None = None  # why it is LOST
         self.in_flight = 0
         self.queued = 0
         # Health checks the current process missed in a row: an answer or a respawn resets it.

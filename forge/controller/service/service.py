@@ -12,7 +12,9 @@ this rule: endpoint errors reach the caller and the replica keeps serving; a rep
 process dies, or that misses `health_misses` health checks in a row (it hung), is taken out of
 routing, its processes stopped, and respawned in the background, set up, passed through
 `on_recover` and only then given traffic; a call it was running or queueing is retried once
-elsewhere if the endpoint is `retry_safe`, else fails with an error naming the replica.
+elsewhere if the endpoint is `retry_safe`, else fails with an error naming the replica. A
+replica whose host is lost is not respawned; once every replica is lost, calls fail at once
+with NoHealthyReplicaError naming the host.
 """
 
 import asyncio
@@ -27,9 +29,10 @@ from monarch.actor import ActorError
 
 from forge.controller.actor import is_retry_safe
 from forge.controller.monarch_compat import SupervisionError
-from forge.controller.provisioner import first_line, get_provisioner
+from forge.controller.provisioner import HostLostError, first_line, get_provisioner
 from forge.controller.service.replica import CallAbandoned, Replica, ReplicaState
 from forge.controller.service.router import ROUTERS
+from forge.observability.console import say
 
 if TYPE_CHECKING:
     from forge.controller.actor import ActorOptions
@@ -274,10 +277,19 @@ class Service:
         replica.recovery = self._spawn_task(self._recover(replica))
 
     async def _recover(self, replica: Replica) -> None:
-        await get_provisioner().stop_procs(replica.mesh)
+        provisioner = get_provisioner()
+        try:
+            await provisioner.check_hosts(replica.mesh)  # before the stop forgets its hosts
+        except HostLostError as e:
+            replica.lost = e
+        await provisioner.stop_procs(replica.mesh)
         replica.mesh = None
         if replica.state is not ReplicaState.FAILED:
             return  # scaled away meanwhile
+        if replica.lost is not None:  # on the console: the run has lost capacity for good
+            say(f"{self.name} replica {replica.index} not respawned: {replica.lost}")
+            await self._set_state(replica, ReplicaState.LOST)
+            return
         replica.state = ReplicaState.RECOVERING
         for attempt in range(1, self.cfg.max_restarts + 1):
             try:
@@ -302,8 +314,9 @@ class Service:
 
         Each replica has its own checks, so a hung one delays no other's. A check unanswered
         within `health_timeout_s` is missed and the next follows at once; `health_misses` in a
-        row mark the replica hung. Errors other than a dead process are logged and counted,
-        and checking goes on.
+        row mark the replica hung. While a check waits, the replica's hosts are checked every
+        `health_interval_s`: a lost host marks it dead at once. Errors other than a dead
+        process are logged and counted, and checking goes on.
         """
         generation, misses = replica.generation, 0
         while True:
@@ -313,19 +326,30 @@ class Service:
                 return
             try:
                 async with asyncio.timeout(self.cfg.health_timeout_s):
-                    await replica.actor.ping.call()
+                    await self._ping(replica)
                 misses = 0
             except TimeoutError:
                 misses += 1
                 if misses == self.cfg.health_misses:
                     self._mark_hung(replica, generation)
-            except SupervisionError as e:
+            except (HostLostError, SupervisionError) as e:
                 self._mark_dead(replica, generation, e)
             except Exception as e:
                 misses = 0  # it answered, with an error: not hung
                 self._check_failed(replica, e)
             if replica.generation == generation:  # a respawn's checks count its own misses
                 replica.missed_checks = misses
+
+    async def _ping(self, replica: Replica) -> None:
+        """The replica's `ping`; raises HostLostError if one of its hosts goes meanwhile
+        (Monarch would take far longer to report its processes dead)."""
+        ping = asyncio.ensure_future(replica.actor.ping.call())
+        try:
+            while not (await asyncio.wait({ping}, timeout=self.cfg.health_interval_s))[0]:
+                await get_provisioner().check_hosts(replica.mesh)
+            ping.result()
+        finally:
+            ping.cancel()
 
     def _check_failed(self, replica: Replica, error: Exception) -> None:
         replica.metrics.check_errors += 1
@@ -360,11 +384,18 @@ class Service:
 
         try:
             async with asyncio.timeout(self.cfg.recovery_timeout_s), self._healthy_changed:
-                return await self._healthy_changed.wait_for(healthy)
+                await self._healthy_changed.wait_for(lambda: healthy() or self._all_lost())
         except TimeoutError:
             raise NoHealthyReplicaError(
                 f"{self.name} service: no healthy replica within {self.cfg.recovery_timeout_s}s"
             ) from None
+        if replicas := healthy():
+            return replicas
+        lost = self._replicas[0].lost
+        raise NoHealthyReplicaError(f"{self.name} service: no replica left: {lost}") from lost
+
+    def _all_lost(self) -> bool:
+        return bool(self._replicas) and all(r.lost is not None for r in self._replicas)
 
     async def _route(self, endpoint: ServiceEndpoint, args: tuple, kwargs: dict) -> Any:
         replica = await self._healthy_replica()
