@@ -305,6 +305,7 @@ def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatc
     hosts = _Hosts()
     monkeypatch.setattr(provisioner, "this_host", lambda: hosts)
     monkeypatch.setattr(provisioner.Provisioner, "_make_job", lambda self: hosts)
+    monkeypatch.setattr(provisioner, "cancel_with_driver", lambda job: None)  # no job to cancel
     monkeypatch.setattr(provisioner, "in_allocation", lambda: False, raising=False)
     monkeypatch.setattr(provisioner, "proc_env", _record)
     monkeypatch.setattr(run_module.MetricLogger, "from_config", _stop)
