@@ -105,8 +105,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
-# Short waits so a cancelled job frees the node in seconds, not minutes, and a requeued one
-# starts again in seconds (a requeued job waits out its credential's lifetime).
+# Short waits so a cancelled job frees the node at once, and a requeued one starts again
+# soon (a requeued job waits out its credential's lifetime).
 KillWait=5
 MinJobAge=30
 AuthInfo=cred_expire=10

@@ -248,7 +248,8 @@ class TcpReceiver(Actor):
         return await asyncio.to_thread(self._receive)
 
     def _receive(self) -> float:
-        conn, _ = self.server.accept()
+        with self.server:
+            conn, _ = self.server.accept()
         view, got = memoryview(self.buffer), 0
         start = time.perf_counter()
         with conn:
@@ -291,7 +292,8 @@ async def compare_across_nodes(versions: int, result: Result) -> None:
             await get_provisioner().spawn_procs(ProcessConfig(cpus_per_proc=1, mesh_name=name))
             for name in ("publisher", "fetcher")
         ]
-        await torchstore_compat.initialize(mesh=first)  # the store beside the publisher
+        # The store beside the publisher; shutdown() below stops it.
+        await torchstore_compat.initialize(mesh=first)
         publisher = first.spawn("publisher", NodePublisher, shapes)
         fetcher = second.spawn("fetcher", NodeFetcher)
         receiver = second.spawn("receiver", TcpReceiver)
@@ -314,7 +316,6 @@ async def compare_across_nodes(versions: int, result: Result) -> None:
             if version >= WARM:
                 raw.append(copied)
                 moved.append((published, fetched))
-        await torchstore_compat.shutdown()
     finally:
         await shutdown()
     copy = statistics.median(raw)

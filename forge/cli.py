@@ -287,6 +287,20 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
     app_main, schema = load_app(args.app)
     cfg = load_config(schema, args.config, overrides)
+    try:
+        _run_app(args, app_main, cfg)
+    except Exception as e:
+        if not _host_lost(e):
+            raise
+        from forge.controller.submit import HOST_LOST_STATUS, requeue
+
+        requeue(cfg.provisioner.slurm.max_requeues)  # inside a forge submit job
+        raise SystemExit(HOST_LOST_STATUS) from e
+
+
+def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any) -> None:
+    """Calls the app's main; with a run folder, library output goes to its log and the
+    console gets forge's lines and one line for a failure."""
     run_dir = getattr(cfg, "run_dir", None)
     if run_dir is None or args.verbose:
         _call(app_main, cfg)
@@ -305,10 +319,6 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
             f"forge: run {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
             f"{type(e).__name__}{': ' + first if first else ''} (details: {log})"
         )
-        if _host_lost(e):  # a batch job requeues itself on this status (forge submit)
-            from forge.controller.submit import HOST_LOST_STATUS
-
-            raise SystemExit(HOST_LOST_STATUS) from e
         raise
 
 

@@ -40,6 +40,8 @@ LAUNCHERS = ("local", "process", "slurm")
 # How long a host's Monarch worker may take to accept a connection before the host counts as
 # lost (check_hosts).
 HOST_PROBE_TIMEOUT_S = 5.0
+# How long the job's watcher may take to cancel it at shutdown (an scancel).
+STOP_WATCHER_TIMEOUT_S = 30.0
 # Where rendezvous ports are drawn from (_free_port), and how many to try there.
 _FIRST_PORT = 20000
 _PORT_TRIES = 50
@@ -66,6 +68,7 @@ class SlurmConfig:
     # The address this driver listens on for its workers; None: its hostname's. Set it where
     # the nodes cannot reach that one (a login node whose hostname names another network).
     driver_address: str | None = None
+    max_requeues: int = 3  # forge submit: times a job requeues itself after a lost node
 
 
 @dataclass
@@ -212,7 +215,7 @@ class Provisioner:
         self._meshes: dict[int, tuple[ProcMesh, Placement, str, list[HostDevices]]] = {}
         self._owned: list[Stoppable] = []
         self._actors: dict[int, ProcMesh] = {}
-        self._lost: set[int] = set()  # hosts check_hosts found gone
+        self._lost: dict[int, HostLostError] = {}  # hosts check_hosts found gone, and why
         self._lock = asyncio.Lock()
         self.placed = 0  # proc meshes placed so far, in the order they asked
         self._placed_more = asyncio.Condition()
@@ -233,9 +236,10 @@ class Provisioner:
             self._host_mesh, names = self._job.hosts, self._job.nodes
         else:
             self._job = self._make_job()
-            self._host_mesh = self._job.state(cached_path=None).hosts
             if cfg.launcher == "slurm":
+                self._job.apply()  # submitted: watched while it waits in the queue too
                 self._job_watcher = cancel_with_driver(self._job)
+            self._host_mesh = self._job.state(cached_path=None).hosts
         gpus = cfg.gpus_per_host
         if gpus is None:
             gpus = cfg.slurm.gpus_per_node if cfg.launcher == "slurm" else _local_gpu_count()
@@ -370,7 +374,7 @@ class Provisioner:
         if entry is None:
             return
         _, placement, name, devices = entry
-        if self._lost.intersection(placement.hosts):
+        if self._lost.keys() & set(placement.hosts):
             # No answer would come from there. Its processes on the lost host went with it;
             # any elsewhere end with the workers' step at shutdown. The devices stay reserved,
             # so that nothing else is placed on a lost host.
@@ -411,11 +415,15 @@ class Provisioner:
         if entry is None or not isinstance(self._job, AllocationWorkers):
             return
         for h in entry[1].hosts:
-            node, port = self._job.addresses[h]
-            why = await asyncio.to_thread(_unreachable, node, port)
-            if why is not None:
-                self._lost.add(h)
-                raise HostLostError(f"node {node} lost: its Monarch worker at {node}:{port} {why}")
+            if h not in self._lost:  # once lost, lost for good: it is not probed again
+                node, port = self._job.addresses[h]
+                why = await asyncio.to_thread(_unreachable, node, port)
+                if why is None:
+                    continue
+                self._lost[h] = HostLostError(
+                    f"node {node} lost: its Monarch worker at {node}:{port} {why}"
+                )
+            raise self._lost[h]
 
     def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
         """Remembers which proc mesh an `as_actor` handle runs on, for `stop_actor`."""
@@ -467,13 +475,15 @@ class Provisioner:
         for group, _ in self._groups.values():
             release(self._devices, group)
         self._groups.clear()
-        if self._job is not None:
-            self._job.kill()
-            self._job = None
-        if self._job_watcher is not None:
-            self._job_watcher.stdin.close()
-            self._job_watcher.wait()
-            self._job_watcher = None
+        try:
+            if self._job is not None:
+                self._job.kill()
+                self._job = None
+        finally:
+            if self._job_watcher is not None:
+                self._job_watcher.stdin.close()  # it cancels the job (again) and exits
+                await asyncio.to_thread(self._job_watcher.wait, STOP_WATCHER_TIMEOUT_S)
+                self._job_watcher = None
         self._host_mesh = None
         errors = [e for e in stopped if isinstance(e, BaseException)]
         if errors:

@@ -40,9 +40,12 @@ _CANCEL_AT_EOF = (
 
 
 def cancel_with_driver(job: Any) -> subprocess.Popen:
-    """Starts a watcher that cancels the `SlurmJob`'s job once this process has ended, even by
-    SIGKILL: it waits for the end of a pipe only this process holds. Closing the watcher's
-    stdin cancels the job at once."""
+    """Starts a watcher that cancels the submitted `SlurmJob`'s job once this process has
+    ended, even by SIGKILL: it waits for the end of a pipe whose write end this process holds
+    (not inherited across exec, so the processes it starts do not hold it). Closing the
+    watcher's stdin cancels the job at once."""
+    if job._slurm_job_id is None:
+        raise RuntimeError("the SLURM job has no id yet: submit it (apply) first")
     return subprocess.Popen(
         [sys.executable, "-c", _CANCEL_AT_EOF, job._slurm_job_id],
         stdin=subprocess.PIPE,

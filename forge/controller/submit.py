@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 
 from monarch.actor import HostMesh, attach_to_workers
 
+from forge.observability.console import say
+
 if TYPE_CHECKING:  # the provisioner imports this module
     from forge.controller.provisioner import SlurmConfig
 
 # Set by the batch script: the driver's `slurm` launcher uses the job it runs in.
 ALLOCATION_ENV = "FORGE_SLURM_ALLOCATION"
-# The driver's exit status when a node of its job was lost (EX_TEMPFAIL): the batch script
-# then requeues the job, which resumes the run from its newest checkpoint.
+# The driver's exit status when a node of its run was lost (EX_TEMPFAIL: try again later).
 HOST_LOST_STATUS = 75
 # How long a stopped worker step may take to end before it is killed.
 STOP_TIMEOUT_S = 30
@@ -64,14 +65,7 @@ def batch_script(
         "# The driver runs here; with the slurm launcher it starts its workers on the job's",
         "# nodes (srun), so scancel stops them all.",
         f"export {ALLOCATION_ENV}=1",
-        shlex.join(command),
-        "status=$?",
-        f"if [ $status -eq {HOST_LOST_STATUS} ]; then  # a node was lost",
-        '    echo "forge submit: job $SLURM_JOB_ID requeued: the run resumes from its newest'
-        ' checkpoint"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
-        "exit $status",
+        f"exec {shlex.join(command)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -92,7 +86,7 @@ def _directives(slurm: "SlurmConfig", *, nodes: int, log: Path, workdir: Path) -
         "mem": slurm.mem,
     }
     lines = [f"#SBATCH --{k}={v}" for k, v in options.items() if v is not None]
-    # Requeued after a lost node (by the script, or by SLURM when it was the driver's), and
+    # Requeued after a lost node (by the driver, or by SLURM when it was the driver's), and
     # each attempt's output kept in the one log.
     lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     if slurm.exclusive:
@@ -118,6 +112,24 @@ def submit(script: str) -> str:
         why = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[0]
         raise SubmitError(f"sbatch refused the job: {why}")
     return out.stdout.strip().split(";")[0]  # "id" or "id;cluster"
+
+
+def requeue(limit: int) -> None:
+    """Puts the SLURM job this driver runs in (`forge submit`) back in the queue, where it
+    resumes the run from its newest checkpoint, and says so; nothing outside such a job, or
+    once the job was requeued `limit` times."""
+    if not in_allocation():
+        return
+    job, count = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if count >= limit:
+        say(f"forge submit: job {job} not requeued: requeued {count} times already (max_requeues)")
+        return
+    say(
+        f"forge submit: job {job} requeued ({count + 1} of at most {limit}): the run resumes "
+        "from its newest checkpoint"
+    )
+    # SLURM ends this driver with the job's other processes; the run has closed already.
+    subprocess.run(["scontrol", "requeue", job], check=False)
 
 
 def in_allocation() -> bool:

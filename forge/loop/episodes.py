@@ -10,14 +10,14 @@ Sampling seeds: episode i of a row seeded s samples its first turn with seed s +
 request for n samples seeded s gives vLLM's i-th sample), and turn t with s + i + t * TURN_SEED.
 """
 
-import asyncio
 import contextlib
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from forge.actors.environment import RemoteEnvironment
+from forge.concurrency import all_or_none
 from forge.data.chat import ChatBridge
 from forge.data.completion import Completion
 from forge.data.trajectory import Trajectory
@@ -28,7 +28,6 @@ from forge.loop.generator_handle import GeneratorHandle
 from forge.observability import Reduce, record_metric
 from forge.observability.busy import BusyClock
 
-T = TypeVar("T")
 TURN_SEED = 1_000_033
 # Episodes that ended this way were cut short by their environment: no answer to score.
 FAILED = ("error", "timeout")
@@ -127,18 +126,6 @@ class Episodes:
             for name, value in result.rewards.items():
                 outcome.rewards[name] = outcome.rewards.get(name, 0.0) + value
         return sum(len(result.failed) for result in results)
-
-
-async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Runs `calls` at once and returns their values in order; the first to raise cancels
-    the others and is raised as itself."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(call) for call in calls]
-    except ExceptionGroup as failed:
-        first = failed.exceptions[0]
-        raise first from first.__cause__  # its own cause kept; the group is not shown
-    return [task.result() for task in tasks]
 
 
 class _Turns:

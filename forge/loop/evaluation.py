@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.concurrency import all_or_none
 from forge.data.datasets import DataConfig, PromptDataset, Row, open_dataset
 from forge.loop.config import EvalConfig
-from forge.loop.episodes import Episodes, all_or_none, record_outcomes
+from forge.loop.episodes import Episodes, record_outcomes
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 

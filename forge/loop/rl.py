@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge.controller.service import NoHealthyReplicaError
+from forge.controller.service import ReplicasLostError
 from forge.data.admission import AdmissionGate
 from forge.data.episode import Episode
 from forge.envs.episode import EpisodeOutcome
@@ -189,7 +189,7 @@ class RLLoop(Run):
             group = self.take_group()
             try:
                 episodes = await self.rollout(group)
-            except (asyncio.CancelledError, NoHealthyReplicaError):
+            except (asyncio.CancelledError, ReplicasLostError):
                 # Stopped (stop_rollouts) or nothing left to generate with (its host lost):
                 # the group is taken again later, by this run or its resumption.
                 self.in_flight.discard(group)
@@ -234,7 +234,7 @@ class RLLoop(Run):
                     failures = 0
                     continue
                 # Cancelled (the run is stopping), or nothing left to generate with.
-                if not isinstance(result, Exception) or isinstance(result, NoHealthyReplicaError):
+                if not isinstance(result, Exception) or isinstance(result, ReplicasLostError):
                     raise result
                 self.in_flight.discard(group)
                 failures += 1

@@ -291,7 +291,7 @@ class Run:
         start = time.perf_counter()
         updates = await self.generator.update_weights(version)
         record_metric("weights/update_s", time.perf_counter() - start)
-        if not updates:  # every generator died meanwhile: each respawn loads the newest version
+        if not updates:  # every generator died meanwhile (a respawn loads the newest version)
             return
         # Per generator: the drain before its swap (nothing new admitted), then the swap
         # (engine stopped); the slowest generator's.

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from forge.concurrency import all_or_none
 from forge.weights import torchstore_compat as ts
 from forge.weights.manifest import (
     Manifest,
@@ -17,6 +18,10 @@ from forge.weights.manifest import (
     build_manifest,
     verify,
 )
+
+# Tensors put or got at once: enough to keep the transfers back to back, while a version's
+# copies in flight stay a bounded share of it.
+IN_FLIGHT = 16
 
 
 class TorchStoreTransport:
@@ -30,13 +35,14 @@ class TorchStoreTransport:
         return f"{self.prefix}/v{version:09d}/{name}"
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-        """Puts every tensor (all at once: one at a time waits out each call's round trip),
-        then the manifest."""
+        """Puts every tensor (IN_FLIGHT at a time: one by one waits out each call's round
+        trip), then the manifest."""
         state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
         manifest = await asyncio.to_thread(build_manifest, version, state_dict)
-        async with asyncio.TaskGroup() as group:  # one failing cancels the others
-            for name, tensor in state_dict.items():
-                group.create_task(ts.put(self._key(version, f"tensors/{name}"), tensor))
+        await all_or_none(
+            (ts.put(self._key(version, f"tensors/{n}"), t) for n, t in state_dict.items()),
+            IN_FLIGHT,
+        )
         await ts.put(self._key(version, "manifest"), manifest.to_json())
         return manifest
 
@@ -54,18 +60,14 @@ class TorchStoreTransport:
         does not (it was deleted), WeightVersionError if it does not appear in time.
         """
         manifest = await self._manifest(version)
+        names = [e.name for e in manifest.tensors]
         try:
-            async with asyncio.TaskGroup() as group:  # all at once, as `publish` puts them
-                gets = {
-                    e.name: group.create_task(ts.get(self._key(version, f"tensors/{e.name}")))
-                    for e in manifest.tensors
-                }
-        except* KeyError as e:
-            missing = e.exceptions[0]
-            raise WeightVersionGone(
-                f"version {version} was deleted while read ({missing})"
-            ) from None
-        return manifest, {name: get.result() for name, get in gets.items()}
+            tensors = await all_or_none(
+                (ts.get(self._key(version, f"tensors/{name}")) for name in names), IN_FLIGHT
+            )
+        except KeyError as e:
+            raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
+        return manifest, dict(zip(names, tensors, strict=True))
 
     async def _manifest(self, version: int) -> Manifest:
         """Waits for `version`'s manifest (see `fetch_unverified` for what is raised)."""

@@ -209,11 +209,11 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(tmp_path):
         "#SBATCH --exclusive",
         "#SBATCH --constraint=cpu",
         "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
         "export FORGE_SLURM_ALLOCATION=1",
-        '    scontrol requeue "$SLURM_JOB_ID"',  # when the driver exits 75: a node was lost
     ):
         assert line in script, (line, out.stdout)
-    command = next(line for line in script if " -m forge run " in line)
+    command = next(line for line in script if line.startswith("exec "))
     assert f"-m forge run apps/grpo/main.py --config {TINY} run_dir={run_dir}" in command
     assert any(line.startswith("trainer ") for line in script)  # the placement plan
     assert not active_jobs() - jobs and not run_dir.exists()

@@ -154,7 +154,7 @@ def test_a_lost_node_requeues_the_job_and_the_run_resumes_from_its_checkpoint(tm
     finally:
         subprocess.run(["scancel", job])
     text = log.read_text()
-    assert f"forge submit: job {job} requeued" in text, tail(log)
+    assert f"forge submit: job {job} requeued (1 of at most 3)" in text, tail(log)
     resumed_at = int(re.search(r"resuming at step (\d+)", text).group(1))
     assert 2 <= resumed_at < steps and latest_step(run_dir / "checkpoints") == steps
     assert _logged(run_dir) == list(range(1, steps + 1))

@@ -236,6 +236,7 @@ class _Hosts:
     def __init__(self):
         self.spawned: list[tuple[str, object]] = []
         self.state = lambda cached_path: self  # as a monarch job
+        self.apply = lambda: None
         self.hosts = self
 
     def slice(self, hosts):

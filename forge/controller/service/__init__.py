@@ -5,6 +5,7 @@ from forge.controller.service.service import (
     NoHealthyReplicaError,
     ReplicaDiedError,
     ReplicaHungError,
+    ReplicasLostError,
     Service,
     ServiceConfig,
     ServiceEndpoint,
@@ -13,6 +14,7 @@ from forge.controller.service.service import (
 __all__ = [
     "NoHealthyReplicaError",
     "ReplicaDiedError",
+    "ReplicasLostError",
     "ReplicaHungError",
     "ReplicaState",
     "Service",

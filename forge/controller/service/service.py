@@ -14,7 +14,7 @@ routing, its processes stopped, and respawned in the background, set up, passed 
 `on_recover` and only then given traffic; a call it was running or queueing is retried once
 elsewhere if the endpoint is `retry_safe`, else fails with an error naming the replica. A
 replica whose host is lost is not respawned; once every replica is lost, calls fail at once
-with NoHealthyReplicaError naming the host.
+with ReplicasLostError naming the host.
 """
 
 import asyncio
@@ -51,6 +51,10 @@ class ReplicaHungError(ReplicaDiedError):
 
 class NoHealthyReplicaError(RuntimeError):
     """No replica became healthy within the service's recovery deadline."""
+
+
+class ReplicasLostError(NoHealthyReplicaError):
+    """Every replica of the service was on a host now lost: none will come back."""
 
 
 @dataclass
@@ -178,7 +182,9 @@ class Service:
         the ones they hold, then stop.
         """
         async with self._scale_lock:
-            live = [r for r in self._replicas if r.state is not ReplicaState.DRAINING]
+            # A lost replica is no capacity: scaling up replaces it, down never keeps it.
+            gone = (ReplicaState.DRAINING, ReplicaState.LOST)
+            live = [r for r in self._replicas if r.state not in gone]
             if n > len(live):
                 # Every start settles before an error is raised: none is left starting unseen.
                 started = await asyncio.gather(
@@ -345,9 +351,11 @@ class Service:
         (Monarch would take far longer to report its processes dead)."""
         ping = asyncio.ensure_future(replica.actor.ping.call())
         try:
-            while not (await asyncio.wait({ping}, timeout=self.cfg.health_interval_s))[0]:
+            while True:
+                done, _ = await asyncio.wait({ping}, timeout=self.cfg.health_interval_s)
+                if done:
+                    return ping.result()
                 await get_provisioner().check_hosts(replica.mesh)
-            ping.result()
         finally:
             ping.cancel()
 
@@ -392,7 +400,7 @@ class Service:
         if replicas := healthy():
             return replicas
         lost = self._replicas[0].lost
-        raise NoHealthyReplicaError(f"{self.name} service: no replica left: {lost}") from lost
+        raise ReplicasLostError(f"{self.name} service: no replica left: {lost}") from lost
 
     def _all_lost(self) -> bool:
         return bool(self._replicas) and all(r.lost is not None for r in self._replicas)
