@@ -7,20 +7,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-async def all_or_none(calls: Iterable[Awaitable[T]], limit: int | None = None) -> list[T]:
-    """Runs `calls` at once (at most `limit` at a time, if given) and returns their values in
-    order; the first to raise cancels the others and is raised as itself."""
-    slots = asyncio.Semaphore(limit) if limit else None
-
-    async def run(call: Awaitable[T]) -> T:
-        if slots is None:
-            return await call
-        async with slots:
-            return await call
-
+async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Runs `calls` at once and returns their values in order; the first to raise cancels
+    the others and is raised as itself."""
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(run(call)) for call in calls]
+            tasks = [group.create_task(call) for call in calls]
     except ExceptionGroup as failed:
         first = failed.exceptions[0]
         raise first from first.__cause__  # its own cause kept; the group is not shown

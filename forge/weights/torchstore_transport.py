@@ -19,10 +19,6 @@ from forge.weights.manifest import (
     verify,
 )
 
-# Tensors put or got at once: enough to keep the transfers back to back, while a version's
-# copies in flight stay a bounded share of it.
-IN_FLIGHT = 16
-
 
 class TorchStoreTransport:
     """Publishes and fetches weight versions through a torchstore (call `ts.initialize` first)."""
@@ -35,13 +31,13 @@ class TorchStoreTransport:
         return f"{self.prefix}/v{version:09d}/{name}"
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-        """Puts every tensor (IN_FLIGHT at a time: one by one waits out each call's round
-        trip), then the manifest."""
+        """Puts every tensor, all at once (one by one waits out each call's round trip; a
+        bound on those in flight slowed the transfer, and they hold at most a version's
+        copy), then the manifest."""
         state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
         manifest = await asyncio.to_thread(build_manifest, version, state_dict)
         await all_or_none(
-            (ts.put(self._key(version, f"tensors/{n}"), t) for n, t in state_dict.items()),
-            IN_FLIGHT,
+            ts.put(self._key(version, f"tensors/{n}"), t) for n, t in state_dict.items()
         )
         await ts.put(self._key(version, "manifest"), manifest.to_json())
         return manifest
@@ -62,8 +58,8 @@ class TorchStoreTransport:
         manifest = await self._manifest(version)
         names = [e.name for e in manifest.tensors]
         try:
-            tensors = await all_or_none(
-                (ts.get(self._key(version, f"tensors/{name}")) for name in names), IN_FLIGHT
+            tensors = await all_or_none(  # all at once, as `publish` puts them
+                ts.get(self._key(version, f"tensors/{name}")) for name in names
             )
         except KeyError as e:
             raise WeightVersionGone(f"version {version} was deleted while read ({e})") from None
