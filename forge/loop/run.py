@@ -479,8 +479,9 @@ class Run:
 
     async def _log_interrupted_step(self) -> None:
         """Logs a step that trained but was stopped before its line (Ctrl-C, or a failure in
-        its weight update), so that the final checkpoint is of a step the metrics show."""
-        if self.version == self.logged:
+        its weight update), so that the final checkpoint is of a step the metrics show. A step
+        the divergence guard stopped the run at said so already, and gets no checkpoint."""
+        if self.version == self.logged or self.stopped_at:
             return
         try:
             await self.log_step(self.version, self.started)
