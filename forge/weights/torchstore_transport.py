@@ -31,9 +31,8 @@ class TorchStoreTransport:
         return f"{self.prefix}/v{version:09d}/{name}"
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> Manifest:
-        """Puts every tensor, all at once (one by one waits out each call's round trip; a
-        bound on those in flight slowed the transfer, and they hold at most a version's
-        copy), then the manifest."""
+        """Puts every tensor, all at once (one by one waits out each call's round trip; those
+        in flight hold at most a copy of the version), then the manifest."""
         state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
         manifest = await asyncio.to_thread(build_manifest, version, state_dict)
         await all_or_none(
