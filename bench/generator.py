@@ -159,13 +159,14 @@ async def run(args: argparse.Namespace, shm: Path) -> None:
         say(
             f"update v{version} ({mode:8s}, {manifest.total_bytes / 1e6:.0f} MB) with "
             f"{r['running']} sequences running, one decode step {r['step_s']:.3f}s: fetch "
-            f"{r['fetch_s']:.3f}s while generating, pause {r['pause_s']:.3f}s "
-            f"({r['pause_s'] / r['step_s']:.1f} steps), swap (engine stopped) {r['swap_s']:.3f}s "
-            f"(verify {r['verify_s']:.3f}s); stall {stall:.3f}s; run {r['tokens_per_s']:.1f} "
+            f"{r['fetch_s']:.3f}s and prepare {r['prepare_s']:.3f}s while generating, pause "
+            f"{r['pause_s']:.3f}s ({r['pause_s'] / r['step_s']:.1f} steps), swap (engine "
+            f"stopped) {r['swap_s']:.3f}s; stall {stall:.3f}s; run {r['tokens_per_s']:.1f} "
             f"tokens/s, {r['split_sequences']} sequences span two versions"
         )
         result.figure(f"{mode} update: one decode step", r["step_s"], "s")
         result.figure(f"{mode} update: fetch while generating", r["fetch_s"], "s")
+        result.figure(f"{mode} update: prepare while generating", r["prepare_s"], "s")
         result.figure(f"{mode} update: pause", r["pause_s"], "s")
         result.ratio(f"{mode} update: pause / one decode step", r["pause_s"] / r["step_s"])
         result.figure(f"{mode} update: swap (engine stopped)", r["swap_s"], "s")

@@ -1,10 +1,13 @@
 """Weight sync from a TitanTrainer to a vLLM Generator, against this machine's copy bandwidth.
 
-For SmolLM2-135M (fp32) and each transport, in one run: the bytes of one version, the raw
-memory-copy bandwidth (a preallocated `dst.copy_(src)`), and per version the trainer's publish
-(gather + HF renaming + write), the generator's fetch (wait for the manifest, pin the file;
-rdma and torchstore: move it and stage it) and its swap (engine stopped: verify + load + re-pack
-+ resume). Totals are printed as a multiple of bytes / copy bandwidth.
+For SmolLM2-135M and each transport, in one run: the bytes of one version, the raw memory-copy
+bandwidth (a preallocated `dst.copy_(src)`), and per version the trainer's publish (gather + HF
+renaming + write), the generator's fetch (wait for the manifest, pin the file; rdma and
+torchstore: move it and stage it), its prepare (the engine verifies the version and builds it
+beside its live weights while it goes on generating) and its swap (engine stopped: the built
+weights swapped in, resume). Each phase is printed as a multiple of bytes / copy bandwidth; shm
+in float32 and bfloat16 (`--dtypes`: the engine's dtype, which versions are published in), the
+other transports in float32.
 The cross-host transports (rdma, torchstore) are also compared with the simplest alternative
 on Monarch: one raw `RDMABuffer.read_into` of the same bytes between two processes, into a
 buffer already allocated (over Monarch's TCP fallback where there is no RDMA NIC).
@@ -23,8 +26,8 @@ linear layer of the decoder) publishing adapters, and one publishing merged weig
 version, and the bench prints for each the bytes of a version, publish + fetch + swap, their
 ratios to full weights', and the trainer's peak resident memory over its steps.
 
-    python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore] [--lora]
-        [--across-nodes]
+    python bench/weight_sync.py [--versions 6] [--transports shm rdma torchstore]
+        [--dtypes float32 bfloat16] [--lora] [--across-nodes]
 """
 
 import argparse
@@ -126,25 +129,23 @@ WARM = 3
 
 
 async def measure(
-    transport: TransportConfig, versions: int, lora: LoRAConfig | None = None, train: bool = False
+    transport: TransportConfig,
+    versions: int,
+    lora: LoRAConfig | None = None,
+    train: bool = False,
+    dtype: str = "float32",
 ) -> dict[str, float]:
-    """Median per-phase seconds over versions WARM..N for one transport; with `train`, a GRPO
-    step before each version, and the trainer's peak memory over them ("peak_rss_gb")."""
-    model, sync = str(smollm2()), WeightSyncConfig(transport, lora=lora)
+    """Median per-phase seconds over versions WARM..N for one transport and engine dtype; with
+    `train`, a GRPO step before each version, and the trainer's peak memory over them
+    ("peak_rss_gb")."""
+    model, sync = str(smollm2()), WeightSyncConfig(transport, lora=lora, dtype=dtype)
     trainer = await TitanTrainer.as_actor(TrainerConfig(model=model, micro_batch_size=8), sync)
     generator = await Generator.as_actor(
         GeneratorConfig(model=model, max_model_len=512, kv_cache_mb=64), sync
     )
     store = make_transport(transport)
-    phases: dict[str, list[float]] = {
-        "publish": [],
-        "fetch": [],
-        "swap": [],
-        "pause": [],
-        "verify": [],
-        "bytes": [],
-        "peak_rss_gb": [],
-    }
+    names = ("publish", "fetch", "prepare", "swap", "pause", "verify", "bytes", "peak_rss_gb")
+    phases: dict[str, list[float]] = {name: [] for name in names}
     for version in range(1, versions + 1):
         if train:
             step = await trainer.train_step.call_one([grpo_batch(16, seed=version)])
@@ -154,15 +155,14 @@ async def measure(
         await delete_older_than(store, version)
         if version >= WARM:
             phases["publish"].append(pushed["gather_s"] + pushed["publish_s"])
-            phases["fetch"].append(updated["fetch_s"])
-            phases["pause"].append(updated["pause_s"])
-            phases["swap"].append(updated["swap_s"])
-            phases["verify"].append(updated["verify_s"])
             phases["bytes"].append(pushed["bytes"])
+            for phase in ("fetch", "prepare", "pause", "swap", "verify"):
+                phases[phase].append(updated[f"{phase}_s"])
         say(
-            f"  {transport.kind} v{version}: publish {pushed['publish_s']:.3f}s "
+            f"  {transport.kind} {dtype} v{version}: publish {pushed['publish_s']:.3f}s "
             f"(+ gather {pushed['gather_s']:.3f}s), fetch {updated['fetch_s']:.3f}s, "
-            f"swap {updated['swap_s']:.3f}s (verify {updated['verify_s']:.3f}s)",
+            f"prepare {updated['prepare_s']:.3f}s (verify {updated['verify_s']:.3f}s), "
+            f"swap {updated['swap_s']:.3f}s",
         )
     await shutdown()
     peaks = phases.pop("peak_rss_gb")
@@ -184,26 +184,27 @@ async def compare_lora(versions: int, bound: float, result: Result) -> None:
             await shutdown()
             shm.remove()
     for name, r in results.items():
-        total = r["publish"] + r["fetch"] + r["swap"]
+        total = r["publish"] + r["fetch"] + r["prepare"] + r["swap"]
         say(
             f"{name:12s} {r['bytes'] / 1e6:8.2f} MB a version  publish {r['publish']:.3f}s  "
-            f"fetch {r['fetch']:.3f}s  swap {r['swap']:.3f}s  total {total:.3f}s "
+            f"fetch {r['fetch']:.3f}s  prepare {r['prepare']:.3f}s  swap {r['swap']:.3f}s  "
+            f"total {total:.3f}s "
             f"({total / bound:.1f}x the full copy bound)  "
             f"trainer peak RSS {r['peak_rss_gb']:.2f} GB"
         )
         result.figure(f"{name}: a version", r["bytes"] / 1e6, "MB")
-        result.figure(f"{name}: publish + fetch + swap", total, "s")
+        result.figure(f"{name}: publish + fetch + prepare + swap", total, "s")
         result.figure(f"{name}: trainer peak RSS", r["peak_rss_gb"], "GB")
     full = results.pop("full")
     for name, r in results.items():
-        seconds = [x["publish"] + x["fetch"] + x["swap"] for x in (full, r)]
+        seconds = [x["publish"] + x["fetch"] + x["prepare"] + x["swap"] for x in (full, r)]
         say(
-            f"{name} / full: bytes {r['bytes'] / full['bytes']:.4f}, publish + fetch + swap "
+            f"{name} / full: bytes {r['bytes'] / full['bytes']:.4f}, all phases "
             f"{seconds[1] / seconds[0]:.3f}, trainer peak RSS "
             f"{r['peak_rss_gb'] / full['peak_rss_gb']:.3f}"
         )
         result.ratio(f"{name} / full: bytes", r["bytes"] / full["bytes"])
-        result.ratio(f"{name} / full: publish + fetch + swap", seconds[1] / seconds[0])
+        result.ratio(f"{name} / full: publish + fetch + prepare + swap", seconds[1] / seconds[0])
         result.ratio(f"{name} / full: trainer peak RSS", r["peak_rss_gb"] / full["peak_rss_gb"])
 
 
@@ -369,47 +370,65 @@ async def main(args: argparse.Namespace) -> None:
         backend = monarch.rdma.get_rdma_backend()
         say(f"raw Monarch RDMA read ({backend}), process to process: {raw / 1e9:.3f} GB/s")
         result.figure(f"raw Monarch RDMA read ({backend})", raw / 1e9, "GB/s")
-    results = {}
     for kind in args.transports:
-        shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
-        try:
-            if kind == "shm":
-                cfg = TransportConfig(kind="shm", path=str(shm.path))
-            else:
-                await torchstore_compat.initialize()  # stopped by measure's shutdown()
-                cfg = TransportConfig(kind=kind, path="bench-weights")
-            results[kind] = await measure(cfg, args.versions)
-        finally:
-            await shutdown()  # a no-op after measure's, unless it failed
-            shm.remove()
-    for kind, r in results.items():
-        total = r["publish"] + r["fetch"] + r["swap"]
-        moved = r["publish"] + r["fetch"]
-        say(
-            f"{kind:10s} publish {r['publish']:.3f}s  fetch {r['fetch']:.3f}s  "
-            f"swap {r['swap']:.3f}s (verify {r['verify']:.3f}s)  total {total:.3f}s = "
-            f"{total / bound:.1f}x bound "
-            f"(publish + fetch {moved:.3f}s = {moved / bound:.1f}x; swap alone "
-            f"{r['swap'] / bound:.1f}x)"
-        )
-        for phase in ("publish", "fetch", "swap"):
-            result.figure(f"{kind}: {phase}", r[phase], "s")
-        result.figure(f"{kind}: publish + fetch + swap", total, "s")
-        result.ratio(f"{kind}: publish + fetch + swap / (bytes / copy bandwidth)", total / bound)
-        result.ratio(
-            f"{kind}: publish + fetch / (bytes / copy bandwidth)",
-            moved / bound,
-            headline=kind == "shm",
-        )
-        result.ratio(f"{kind}: swap / (bytes / copy bandwidth)", r["swap"] / bound)
-        if kind != "shm" and raw is not None:
-            rate = nbytes / moved
-            say(
-                f"{'':10s} moves {rate / 1e9:.3f} GB/s (publish + fetch) = {rate / raw:.2f} x "
-                f"the raw Monarch RDMA read of the same bytes ({raw / 1e9:.3f} GB/s)"
-            )
-            result.ratio(f"{kind}: publish + fetch rate / raw Monarch RDMA read", rate / raw)
+        for dtype in args.dtypes if kind == "shm" else ["float32"]:
+            r = await measure_transport(kind, args.versions, dtype)
+            report(kind, dtype, r, nbytes, bandwidth, raw, result)
     result.write()
+
+
+async def measure_transport(kind: str, versions: int, dtype: str) -> dict[str, float]:
+    shm = ShmFolder.create(f"bench-weight-sync-{os.getpid()}", "bench/weight_sync.py")
+    try:
+        if kind == "shm":
+            cfg = TransportConfig(kind="shm", path=str(shm.path))
+        else:
+            await torchstore_compat.initialize()  # stopped by measure's shutdown()
+            cfg = TransportConfig(kind=kind, path="bench-weights")
+        return await measure(cfg, versions, dtype=dtype)
+    finally:
+        await shutdown()  # a no-op after measure's, unless it failed
+        shm.remove()
+
+
+def report(
+    kind: str,
+    dtype: str,
+    r: dict[str, float],
+    nbytes: int,
+    bandwidth: float,
+    raw: float | None,
+    result: Result,
+) -> None:
+    """Prints one transport's phases against the copy bound of its bytes, and records them
+    (float32 under the transport's name, other dtypes with theirs)."""
+    name = kind if dtype == "float32" else f"{kind} ({dtype})"
+    nbytes = int(r["bytes"]) or nbytes
+    bound = nbytes / bandwidth
+    moved = r["publish"] + r["fetch"]
+    total = moved + r["prepare"] + r["swap"]
+    say(
+        f"{name:18s} {nbytes / 1e6:.0f} MB: publish {r['publish']:.3f}s  fetch {r['fetch']:.3f}s"
+        f"  prepare {r['prepare']:.3f}s (verify {r['verify']:.3f}s)  swap {r['swap']:.3f}s  "
+        f"total {total:.3f}s = {total / bound:.1f}x bound (publish + fetch {moved / bound:.1f}x;"
+        f" prepare, generation going on, {r['prepare'] / bound:.1f}x; swap, engine stopped, "
+        f"{r['swap'] / bound:.1f}x)"
+    )
+    for phase in ("publish", "fetch", "prepare", "swap"):
+        result.figure(f"{name}: {phase}", r[phase], "s")
+    result.figure(f"{name}: publish + fetch + prepare + swap", total, "s")
+    result.ratio(
+        f"{name}: publish + fetch / (bytes / copy bandwidth)", moved / bound, headline=name == "shm"
+    )
+    result.ratio(f"{name}: prepare / (bytes / copy bandwidth)", r["prepare"] / bound)
+    result.ratio(f"{name}: swap / (bytes / copy bandwidth)", r["swap"] / bound, target="<= 2")
+    if kind != "shm" and raw is not None:
+        rate = nbytes / moved
+        say(
+            f"{'':18s} moves {rate / 1e9:.3f} GB/s (publish + fetch) = {rate / raw:.2f} x "
+            f"the raw Monarch RDMA read of the same bytes ({raw / 1e9:.3f} GB/s)"
+        )
+        result.ratio(f"{kind}: publish + fetch rate / raw Monarch RDMA read", rate / raw)
 
 
 if __name__ == "__main__":
@@ -421,6 +440,13 @@ if __name__ == "__main__":
         nargs="+",
         default=["shm", "rdma", "torchstore"],
         choices=["shm", "rdma", "torchstore"],
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "bfloat16"],
+        help="engine dtypes measured over shm (the other transports: float32)",
     )
     parser.add_argument(
         "--lora", action="store_true", help="full weights against a LoRA adapter, over shm"

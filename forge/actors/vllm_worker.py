@@ -9,10 +9,12 @@ import ctypes
 import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from forge.actors import staged_weights
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version
@@ -50,6 +52,58 @@ class WeightLoader:
             return {"error": str(e)}
         retie_lm_head(self.model_runner.get_model())
         return {"verify_s": verified - start}
+
+    def forge_stage_packed(self, path: str, manifest_json: str) -> dict[str, bool]:
+        """Starts verifying the packed version file at `path` (pinned by the generator) and
+        building it beside the live weights (`staged_weights`), on a thread of its own: the
+        engine goes on generating. `forge_staged` says when it is done, `forge_swap_staged`
+        swaps it in.
+
+        Returns {"staged": False} for a model it cannot stage: that version loads through
+        `forge_load_packed` in the pause.
+        """
+        manifest = Manifest.from_json(manifest_json)
+        sources = staged_weights.plan(self.model_runner.get_model(), manifest)
+        if sources is None:
+            return {"staged": False}
+        if not hasattr(self, "_forge_stager"):
+            self._forge_stager = ThreadPoolExecutor(1, thread_name_prefix="forge-stage")
+        self._forge_staging: Future | None = self._forge_stager.submit(
+            self._forge_stage, path, manifest, sources
+        )
+        return {"staged": True}
+
+    def _forge_stage(
+        self, path: str, manifest: Manifest, sources: dict[str, list[str]]
+    ) -> tuple[dict[str, Any], staged_weights.StagedWeights | None]:
+        start = time.perf_counter()
+        try:
+            with open_version(path, manifest) as tensors:
+                verified = time.perf_counter()
+                staged = staged_weights.stage(self.model_runner.get_model(), sources, tensors)
+        except WeightVersionError as e:
+            return {"error": str(e)}, None
+        done = time.perf_counter()
+        return {"verify_s": verified - start, "stage_s": done - start}, staged
+
+    def forge_staged(self) -> dict[str, Any] | None:
+        """None while the version started by `forge_stage_packed` is being built; then its
+        verification and staging seconds, or {"error": message} if its bytes are not the
+        manifest's."""
+        staging = getattr(self, "_forge_staging", None)
+        if staging is None:
+            return {"error": "no version is being staged"}
+        return staging.result()[0] if staging.done() else None
+
+    def forge_swap_staged(self) -> dict[str, Any]:
+        """Swaps the staged version in (call with the engine paused); {"error": ...} if none
+        is staged."""
+        staging, self._forge_staging = getattr(self, "_forge_staging", None), None
+        staged = staging.result()[1] if staging is not None and staging.done() else None
+        if staged is None:
+            return {"error": "no version is staged"}
+        staged.swap_in()
+        return {}
 
     def forge_use_cores(self, cpus: list[int]) -> None:
         """Pins the engine's process to `cpus` and sizes the engine thread's pool to them.

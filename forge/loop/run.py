@@ -293,12 +293,14 @@ class Run:
         record_metric("weights/update_s", time.perf_counter() - start)
         if not updates:  # every generator died meanwhile (a respawn loads the newest version)
             return
-        # Per generator: the drain before its swap (nothing new admitted), then the swap
-        # (engine stopped); the slowest generator's.
-        record_metric("weights/generator_pause_s", max(u["pause_s"] for u in updates))
-        record_metric("weights/generator_swap_s", max(u["swap_s"] for u in updates))
+        # Per generator: the version built beside the live weights (generation goes on), the
+        # drain before its swap (nothing new admitted), then the swap (engine stopped); the
+        # slowest generator's.
+        for phase in ("prepare", "pause", "swap"):
+            record_metric(f"weights/generator_{phase}_s", max(u[f"{phase}_s"] for u in updates))
         for i, u in enumerate(updates):
             if u["mode"] != "none":
+                self.log_span(step, f"generator {i}", "prepare", u["prepare_at"], u["pause_at"])
                 self.log_span(step, f"generator {i}", "pause", u["pause_at"], u["swap_at"])
                 self.log_span(step, f"generator {i}", "swap", u["swap_at"], u["end_at"])
         await delete_older_than(self.transport, version)

@@ -1,11 +1,11 @@
 """A run's timeline: when the trainer trained, and when each generator generated rollouts,
-answered an eval, paused and swapped weights, as intervals on the actors' own clocks, in
-run_dir/timeline.jsonl and a PNG.
+answered an eval, built a weight version, paused and swapped it in, as intervals on the actors'
+own clocks, in run_dir/timeline.jsonl and a PNG.
 
 Each line is one interval: `step`, `lane` (e.g. "trainer", "generator 0"), `what` ("train",
-"generate", "eval", "pause", "swap"), `start` and `end` (Unix seconds, from the process that
-did it). A generator generates and evaluates at once: eval is drawn as a thinner bar over
-generation, and pauses and swaps over both.
+"generate", "eval", "prepare", "pause", "swap"), `start` and `end` (Unix seconds, from the
+process that did it). A generator generates, evaluates and prepares a version at once: eval and
+prepare are drawn as thinner bars over generation, and pauses and swaps over all.
 """
 
 import json
@@ -16,10 +16,11 @@ COLOURS = {
     "train": "tab:blue",
     "generate": "tab:green",
     "eval": "tab:purple",
+    "prepare": "tab:olive",
     "pause": "tab:orange",
     "swap": "tab:red",
 }
-HEIGHTS = {"eval": 0.3}
+HEIGHTS = {"eval": 0.3, "prepare": 0.3}
 
 
 def read_timeline(run_dir: str | Path) -> list[dict]:

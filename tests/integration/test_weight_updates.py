@@ -3,6 +3,7 @@ model) in a real Monarch process, driven by WeightUpdates alone, without the Gen
 or its request layer."""
 
 import sys
+import uuid
 from pathlib import Path
 
 import cloudpickle
@@ -53,6 +54,17 @@ class EngineWithUpdates(ForgeActor):
         u = self.updates
         return {"version": u.version, "aborting_swaps": u.aborting_swaps, "embed": embed}
 
+    @endpoint
+    async def greedy(self, prompt_ids: list[int]) -> list[tuple[int, float]]:
+        """Eight greedy tokens after `prompt_ids`, each with its logprob."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=0, ignore_eos=True)
+        request = {"prompt_token_ids": prompt_ids}
+        async for out in self.engine.generate(request, params, request_id=str(uuid.uuid4())):
+            final = out.outputs[0]
+        return [(t, lp[t].logprob) for t, lp in zip(final.token_ids, final.logprobs, strict=True)]
+
     async def __cleanup__(self, exc: Exception | None) -> None:
         self.engine.shutdown()
         self.updates.close()
@@ -68,12 +80,15 @@ def transport(tmp_path_factory):
     return SharedMemoryTransport(tmp_path_factory.mktemp("weights"), fetch_timeout_s=2.0)
 
 
-@pytest.fixture(scope="module")
-async def engine(model, transport):
+async def start(model, transport) -> EngineWithUpdates:
     cfg = GeneratorConfig(model=str(model), max_model_len=256, kv_cache_mb=32)
     sync = WeightSyncConfig(TransportConfig(path=str(transport.root), fetch_timeout_s=2.0))
-    actor = await EngineWithUpdates.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg, sync)
-    yield actor
+    return await EngineWithUpdates.options(env={"OMP_NUM_THREADS": "1"}).as_actor(cfg, sync)
+
+
+@pytest.fixture(scope="module")
+async def engine(model, transport):
+    yield await start(model, transport)
     await shutdown()
 
 
@@ -92,7 +107,7 @@ async def test_every_mode_moves_the_engine_to_the_new_bytes(engine, transport, m
         checksum = await publish(transport, model, version)
         result = await engine.update.call_one(version, mode)
         after = await engine.held.call_one()
-        assert result["mode"] == mode and result["swap_s"] >= result["verify_s"] > 0
+        assert result["mode"] == mode and result["prepared"] and result["verify_s"] > 0
         assert (after["version"], after["embed"]) == (version, checksum)
         # Only an abort-mode swap cuts requests, so only it tells the request layer so.
         assert after["aborting_swaps"] - before["aborting_swaps"] == (mode == "abort")
@@ -118,3 +133,19 @@ async def test_refused_versions_leave_the_engine_on_its_weights(engine, transpor
         with pytest.raises(ActorError, match=f"{cause}.*stays on version {kept['version']}"):
             await engine.update.call_one(version, "drain")
         assert await engine.held.call_one() == kept
+
+
+async def test_a_version_built_beside_the_live_weights_generates_as_an_engine_started_on_it(
+    engine, transport
+):
+    """Every layer of the new version is swapped in, packed kernels included: greedy tokens
+    and logprobs equal those of an engine that loaded the same weights from a checkpoint."""
+    other = tiny_model("llama", seed=1)
+    await transport.publish(20, hf_state_dict(other))
+    prompt = list(range(100, 116))
+    before = await engine.greedy.call_one(prompt)
+    result = await engine.update.call_one(20, "drain")
+    assert result["prepared"]
+    got = await engine.greedy.call_one(prompt)
+    started_on_it = await start(other, transport)
+    assert got == await started_on_it.greedy.call_one(prompt) != before

@@ -1,10 +1,13 @@
 """The generator's weight-update controller: moves its engine from one version to the next.
 
 An update first finds the version and pins its file while generation goes on (rdma, torchstore:
-fetches it and stages it in this host's shared memory first). Then, one update at a time, it
-pauses the engine as the update mode says, has the engine verify and load the pinned bytes,
-records the version, and resumes. A version that is missing, incomplete, corrupted or does
-not fit the model is refused; the engine keeps serving the weights it had.
+fetches it and stages it in this host's shared memory first). Then, one update at a time, the
+engine verifies the pinned bytes and builds the version beside its live weights while it goes
+on generating (`forge.actors.staged_weights`; a model it cannot build that way verifies and
+reloads in the pause instead); the update pauses the engine as the update mode says, swaps the
+built weights in, records the version, and resumes. A version that is missing, incomplete,
+corrupted or does not fit the model is refused, before any pause; the engine keeps serving the
+weights it had.
 
 With LoRA a version is an adapter: it is verified and written as a PEFT folder here, before
 the pause, and the swap is vLLM loading that adapter in place (`AdapterSlot`).
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ from forge.weights.shm_transport import SharedMemoryTransport, open_version, pin
 from forge.weights.transport import TransportConfig, make_transport
 
 logger = logging.getLogger(__name__)
+
+STAGE_POLL_S = 0.01  # between asking an engine whether the version it builds is ready
 
 
 class WeightUpdates:
@@ -70,31 +76,33 @@ class WeightUpdates:
     async def update(self, version: int, mode: UpdateMode) -> dict[str, Any]:
         """Loads `version`; generation pauses only for the swap.
 
-        Returns the mode used and seconds: `fetch_s` (generation went on), `pause_s` (drain:
-        in-flight requests finishing, nothing admitted), `swap_s` (engine stopped: verify,
-        load, re-tie, resume), `verify_s` (the checksum pass, part of swap_s); and when the
-        pause, the swap and the update ended on the wall clock (`pause_at`, `swap_at`, `end_at`).
+        Returns the mode used and seconds: `fetch_s` (finding and pinning the version),
+        `prepare_s` (verifying and building it beside the live weights), both while generation
+        goes on, `pause_s` (drain: in-flight requests finishing, nothing admitted), `swap_s`
+        (engine stopped: swap, resume), `verify_s` (the checksum pass, part of prepare_s; of
+        swap_s for a model verified in the pause), `prepared` (whether the version was
+        verified and built before the pause); and when the
+        preparation, the pause, the swap and the update ended on the wall clock (`prepare_at`,
+        `pause_at`, `swap_at`, `end_at`).
         Raises WeightVersionError (naming the version kept) if the version is refused.
         """
         if version == self.version:
-            return {"mode": "none", "fetch_s": 0.0, "pause_s": 0.0, "swap_s": 0.0, "verify_s": 0.0}
+            return dict.fromkeys(("fetch_s", "prepare_s", "pause_s", "swap_s", "verify_s"), 0.0) | {
+                "mode": "none",
+                "prepared": False,
+            }
         start = time.perf_counter()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 path, manifest = await self._pin(version, stack)
-                staged = None
-                if self.adapter is not None:  # verified and written before the pause
-                    staged = await asyncio.to_thread(self._write_adapter, version, path, manifest)
-                fetched, pause_at = time.perf_counter(), time.time()
                 async with self._lock:
+                    fetched, prepare_at = time.perf_counter(), time.time()
+                    swap, prepared = await self._prepare(path, manifest)
+                    built, pause_at = time.perf_counter(), time.time()
                     used = await self._pause(mode)
                     paused, swap_at = time.perf_counter(), time.time()
                     try:
-                        if staged is None:
-                            verify_s = await self._load(path, manifest)
-                        else:
-                            verify_s = staged[1]
-                            await self.adapter.load(self.engine, staged[0])
+                        verify_s = await swap()
                         self.version = version
                         await self.engine.update_weight_version(str(version))
                     finally:
@@ -103,14 +111,17 @@ class WeightUpdates:
         except WeightVersionError as e:
             raise type(e)(f"{e}; generator stays on version {self.version}") from None
         done = time.perf_counter()
-        logger.info("weights v%d loaded (%s): paused %.3fs", version, used, done - fetched)
+        logger.info("weights v%d loaded (%s): paused %.3fs", version, used, done - built)
         return {
             "mode": used,
             "fetch_s": fetched - start,
-            "pause_s": paused - fetched,
+            "prepare_s": built - fetched,
+            "pause_s": paused - built,
             "swap_s": done - paused,
             "verify_s": verify_s,
+            "prepared": prepared,  # verified and built before the pause
             # The same moments on the wall clock, for a timeline beside other processes'.
+            "prepare_at": prepare_at,
             "pause_at": pause_at,
             "swap_at": swap_at,
             "end_at": time.time(),
@@ -189,14 +200,44 @@ class WeightUpdates:
         await self.engine.pause_generation(mode="abort", clear_cache=False)
         return used
 
-    def _write_adapter(self, version: int, path: Path, manifest: Manifest) -> tuple[Path, float]:
+    async def _prepare(
+        self, path: Path, manifest: Manifest
+    ) -> tuple[Callable[[], Awaitable[float]], bool]:
+        """Everything of the swap that can be done while the engine generates: an adapter
+        verified and written as a PEFT folder, or full weights verified and built in the
+        engine beside its live ones. Returns the swap itself, which returns the seconds its
+        version's verification took."""
+        if self.adapter is not None:
+            folder, verify_s = await asyncio.to_thread(self._write_adapter, path, manifest)
+            return lambda: self._swap(self.adapter.load(self.engine, folder), verify_s), True
+        kwargs = {"path": str(path), "manifest_json": manifest.to_json()}
+        started = await self.engine.collective_rpc("forge_stage_packed", kwargs=kwargs)
+        if not all(r["staged"] for r in started):  # a model it cannot stage: vLLM reloads it
+            return lambda: self._load(path, manifest), False
+        while None in (staged := await self.engine.collective_rpc("forge_staged")):
+            await asyncio.sleep(STAGE_POLL_S)
+        if errors := [r["error"] for r in staged if "error" in r]:
+            raise WeightVersionError(errors[0])
+        verify_s = max(r["verify_s"] for r in staged)
+        return lambda: self._swap(self._swap_staged(), verify_s), True
+
+    async def _swap(self, swap: Awaitable[Any], verify_s: float) -> float:
+        await swap
+        return verify_s
+
+    async def _swap_staged(self) -> None:
+        results = await self.engine.collective_rpc("forge_swap_staged")
+        if errors := [r["error"] for r in results if "error" in r]:
+            raise WeightVersionError(errors[0])
+
+    def _write_adapter(self, path: Path, manifest: Manifest) -> tuple[Path, float]:
         """Verifies the pinned adapter version and writes it as a PEFT folder; the folder and
         the verification's seconds. Raises WeightVersionError if the bytes are not the
         manifest's."""
         start = time.perf_counter()
         with open_version(path, manifest) as tensors:
             verified = time.perf_counter()
-            return self.adapter.write(version, tensors), verified - start
+            return self.adapter.write(manifest.version, tensors), verified - start
 
     async def _load(self, path: Path, manifest: Manifest) -> float:
         """Has the engine verify and load the pinned file; returns its verification seconds."""
