@@ -46,7 +46,8 @@ PLACEMENTS = {  # name: overrides
 
 
 async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) -> dict:
-    """One run of `steps` steps; its pipeline.json (prediction, measured) and its metrics."""
+    """One run of `steps` steps; its pipeline.json (prediction, measured), its metrics and its
+    folder."""
     app_main, schema = load_app(APP)
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
     quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
@@ -58,7 +59,7 @@ async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) 
     # Written where a prediction was made: under auto, or with the phase costs cached.
     path = run_dir / "pipeline.json"
     pipeline = json.loads(path.read_text()) if path.exists() else {}
-    return {**pipeline, "measured_s_per_step": measured, "metrics": metrics}
+    return {**pipeline, "measured_s_per_step": measured, "metrics": metrics, "run_dir": run_dir}
 
 
 def parameters(config: str) -> int:

@@ -39,6 +39,7 @@ BENCHES = [
     ("trainer_memory", "python bench/trainer_memory.py", "trainer_memory"),
     ("async_speedup", "python bench/async_speedup.py", "async_speedup"),
     ("placement", "python bench/placement.py", "placement"),
+    ("step_profile", "python bench/step_profile.py", "step_profile"),
     ("precision", "python bench/precision.py", "precision"),
     ("single_process", "python bench/single_process.py", "single_process"),
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
@@ -115,6 +116,9 @@ def section(name: str, command: str, bench: str) -> list[str]:
     for f in result["figures"]:
         name = f"**{f['name']}**" if f.get("headline") else f["name"]
         lines.append(f"| {name} | {with_unit(f)} | {f.get('target', '')} |")
+    drawing = path.with_suffix(".png")  # what the bench drew of the same run, if it draws
+    if drawing.exists():
+        lines += ["", f"![{path.stem}](../bench/results/{drawing.name})"]
     return [*lines, ""]
 
 

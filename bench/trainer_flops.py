@@ -68,6 +68,23 @@ def products(model: torch.nn.Module, tokens: int, sampled: int) -> tuple[Callabl
     return run, sum(6 * x.shape[0] * w.numel() for w, x, _ in work)
 
 
+def fixed_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[Callable[[], None], int]:
+    """A training step of fixed shape: two GRPO-shaped micro-batches, gradient clipping and
+    the optimizer; the function and the tokens it trains on."""
+    ids = torch.randint(model.lm_head.weight.shape[0], (SEQUENCES, PROMPT + SAMPLED))
+
+    def step() -> None:
+        for _ in range(2):
+            (-token_logprobs(model, ids, 1.0, 512, PROMPT).sum()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step, 2 * ids.numel()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -82,12 +99,7 @@ def main() -> None:
     def forward_backward() -> None:
         (-token_logprobs(model, ids, 1.0, 512, PROMPT).sum()).backward()
 
-    def step() -> None:
-        for _ in range(2):
-            forward_backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+    step, _ = fixed_step(model, optimizer)
 
     say(
         f"SmolLM2-135M ({params / 1e6:.1f}M parameters), {torch.get_num_threads()} threads, "

@@ -23,23 +23,18 @@ from forge.weights.manifest import Manifest, TensorEntry
 
 @dataclass
 class StagedWeights:
-    """What one version swaps in: parameters' new data, then layers' new kernels and the
-    biases those kernels take."""
+    """What one version swaps in: parameters' new data, and layers' new kernels."""
 
     data: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
-    kernels: list[tuple[torch.nn.Module, Callable, torch.Tensor | None]] = field(
-        default_factory=list
-    )
+    kernels: list[tuple[torch.nn.Module, Callable]] = field(default_factory=list)
 
     def swap_in(self) -> None:
         """Re-points every parameter and layer at its staged tensor and kernel. Call with the
         engine stopped."""
         for param, data in self.data:
             param.data = data
-        for layer, kernel, bias in self.kernels:
+        for layer, kernel in self.kernels:
             layer.cpu_linear = kernel
-            if bias is not None:
-                layer.bias.data = bias
 
 
 def plan(model: torch.nn.Module, manifest: Manifest) -> dict[str, list[str]] | None:
@@ -85,18 +80,17 @@ def stage(
     for layer in model.modules():
         if not hasattr(layer, "cpu_linear"):
             continue
-        bias = getattr(layer, "bias", None)
+        # Kernels take the bias at each call, from the live layer: the stand-in needs none.
+        # (sgl-kernel's turn a bfloat16 bias into float32: `plan` refuses those layers.)
         stand_in = torch.nn.Module()
         stand_in.weight = torch.nn.Parameter(assemble(layer.weight), requires_grad=False)
-        stand_in.bias = None if bias is None else torch.nn.Parameter(assemble(bias), False)
         if layer.cpu_linear is torch.nn.functional.linear:  # vLLM left it unpacked
             stand_in.cpu_linear = layer.cpu_linear
         else:  # a layer whose plain weight vLLM dropped keeps only the packed copy
             dispatch_cpu_unquantized_gemm(stand_in, remove_weight=layer.weight.numel() == 0)
-        staged.kernels.append((layer, stand_in.cpu_linear, _data(stand_in.bias)))
+        staged.kernels.append((layer, stand_in.cpu_linear))
         if layer.weight.numel() == 0:
             del new[id(layer.weight)]  # packed: the plain copy goes now, not at the end
-    # Biases too, so each swaps in before its kernel's (sgl-kernel's in float32) replaces it.
     staged.data = [(p, assemble(p)) for _, p in params.values() if p.numel() > 0]
     return staged
 
@@ -117,7 +111,3 @@ def _fits(module: torch.nn.Module, param: torch.Tensor, parts: list[TensorEntry 
         )
         return shape == size
     return shape == tuple(param.shape)
-
-
-def _data(param: torch.nn.Parameter | None) -> torch.Tensor | None:
-    return None if param is None else param.data

@@ -67,7 +67,13 @@ class WeightLoader:
         if sources is None:
             return {"staged": False}
         if not hasattr(self, "_forge_stager"):
-            self._forge_stager = ThreadPoolExecutor(1, thread_name_prefix="forge-stage")
+            # One compute thread: the engine's own keep generating on the cores they have.
+            self._forge_stager = ThreadPoolExecutor(
+                1,
+                thread_name_prefix="forge-stage",
+                initializer=torch._C.set_num_threads,
+                initargs=(1,),
+            )
         self._forge_staging: Future | None = self._forge_stager.submit(
             self._forge_stage, path, manifest, sources
         )
@@ -83,6 +89,8 @@ class WeightLoader:
                 staged = staged_weights.stage(self.model_runner.get_model(), sources, tensors)
         except WeightVersionError as e:
             return {"error": str(e)}, None
+        except Exception as e:  # not the version's fault, but nothing was swapped in either
+            return {"error": f"building the version failed: {type(e).__name__}: {e}"}, None
         done = time.perf_counter()
         return {"verify_s": verified - start, "stage_s": done - start}, staged
 

@@ -167,7 +167,10 @@ class RLLoop(Run):
     async def play_group(self, group: int, row: dict, seed: int) -> list[Episode]:
         """The row's G episodes, counted under `env/` and scored by the app; GroupFailed if
         one was cut short by its environment."""
+        start = time.perf_counter()
         outcomes = await self.episodes.play(row, self.cfg.group_size, seed=seed)
+        played = time.perf_counter()
+        record_metric("rollout/generate_s", played - start, Reduce.SUM)
         record_outcomes(outcomes)
         failed = [o for o in outcomes if o.status in FAILED]
         if failed:
@@ -175,7 +178,9 @@ class RLLoop(Run):
                 f"{len(failed)} of its {len(outcomes)} episodes ended by the environment "
                 f"({failed[0].status}: {failed[0].error}); the group is dropped"
             )
-        return await self.score(group, row, outcomes)
+        episodes = await self.score(group, row, outcomes)
+        record_metric("rollout/score_s", time.perf_counter() - played, Reduce.SUM)
+        return episodes
 
     async def rollout_worker(self) -> None:
         """Starts a rollout whenever the admission gate allows one, until the run stops.
@@ -257,6 +262,7 @@ class RLLoop(Run):
         batch = [
             sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
         ]
+        record_metric("train/batch_wait_s", time.perf_counter() - waited)
         self.log_batch(step, self.version, batch)
         async with self.trainer.turn():  # the step and the generators' update: one turn
             start = time.perf_counter()

@@ -226,7 +226,9 @@ class Run:
         """One optimizer step, `batches[r]` on data-parallel rank r; the trainer's metrics,
         also recorded under train/. The batch goes to the run's batch record (`record`)."""
         recording = self.record.enabled
+        start = time.perf_counter()
         metrics = await self.trainer.train_step(batches, policy_version, record=recording)
+        record_metric("train/call_s", time.perf_counter() - start)
         self.version += 1
         self.log_span(
             self.version, "trainer", "train", metrics.pop("started_at"), metrics.pop("ended_at")
@@ -278,6 +280,7 @@ class Run:
         pushing = time.perf_counter()
         published = await self.trainer.push_weights(self.version)
         pushed = time.perf_counter()
+        record_metric("weights/push_s", pushed - pushing)
         record_metric("weights/bytes", published["bytes"])
         update = self._update_generators(step, self.version)
         if self.overlap_updates:

@@ -52,16 +52,16 @@ class Mismatch:
             weights = [p.detach().clone() for p in self.model.trained_parameters()]
             self._previous = (version, weights)
 
-    def add_previous(self, episodes: list[Episode], kl: dict[str, float]) -> None:
+    def add_previous(self, episodes: list[Episode], kl: dict[str, float]) -> int:
         """Adds the KL of a sample of the sequences the previous weights sampled, under those
         weights: `exact_mismatch_sample` of them (at least one), spread over their lengths.
-        Nothing before a copy was kept.
+        Nothing before a copy was kept. Returns the positions its forward passes computed.
 
         One forward pass per `micro_batch_size` of the sample; every rank runs as many as the
         rank with the most (fillers at weight 0), since FSDP's gathers pair up.
         """
         if self._previous is None:
-            return
+            return 0
         version, weights = self._previous
         older = by_length([e for e in episodes if e.policy_version == version])
         kl["previous_sequences"] += len(older)
@@ -70,9 +70,9 @@ class Mismatch:
         size = self.cfg.micro_batch_size or max(len(sample), 1)
         chunks = int(all_max(math.ceil(len(sample) / size)))
         if not chunks:
-            return  # every rank skips the forward passes alike
+            return 0  # every rank skips the forward passes alike
         kl["previous_sampled"] += len(sample)
-        model = self.model
+        model, positions = self.model, 0
         with torch.no_grad(), model.swapped(weights), model.precision():
             for i in range(chunks):
                 chunk = sample[i * size : (i + 1) * size]
@@ -88,6 +88,8 @@ class Mismatch:
                 behaviour = model.to_device(batch.behaviour_logprobs)
                 kl["previous"] += float(part.sum())
                 kl["previous_kl"] += float(masked_sum(kl_k3(behaviour, before), part))
+                positions += batch.input_ids.numel()
+        return positions
 
     def add(
         self, logprobs: torch.Tensor, batch: Batch, version: int | None, kl: dict[str, float]

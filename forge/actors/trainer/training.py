@@ -23,6 +23,7 @@ from forge.data.collate import Batch, collate, first_position, gather_tokens, pa
 from forge.data.episode import Episode
 from forge.losses import OBJECTIVES, ObjectiveInputs
 from forge.models.titan import candidate_logprobs, token_logprobs
+from forge.observability.laps import Laps
 from forge.observability.memory import PeakMemory
 
 
@@ -62,7 +63,7 @@ class Training:
         the mismatch KL, older ones the policy drift since. None counts every episode as current.
         """
         start, started_at = time.perf_counter(), time.time()
-        peak = PeakMemory(self.model.device)
+        peak, laps = PeakMemory(self.model.device), Laps()
         chunks = micro_batches(episodes, self.cfg.micro_batch_size)
         micro = [(collate(chunk, self.pad_id), real) for chunk, real in chunks]
         norms = [self._normaliser(batch) if real else 0.0 for batch, real in micro]
@@ -71,35 +72,49 @@ class Training:
         sampled = self.cfg.objective != "sft"
         sums: dict[str, float] = defaultdict(float)  # loss and metrics, weighted by norm
         kl = dict.fromkeys(KL_PARTS, 0.0)  # generator-vs-trainer KL parts
+        laps.lap("collate")
         if sampled:
             # First, while no activation or gradient is held: it adds nothing to the peak. In
             # eval mode: the generator sampled without dropout, and a trainer just loaded (no
             # previous weights, no pass) must draw the same random numbers as one that was not.
             self.model.module.eval()
-            self.mismatch.add_previous(episodes, kl)
+            sums["previous_positions"] = self.mismatch.add_previous(episodes, kl)
+            laps.lap("previous")
         self.model.module.train()
         for i, ((batch, _), norm) in enumerate(zip(micro, norms, strict=True)):
             self._sync_gradients(last=i == len(micro) - 1)
             logprobs, loss, metrics = self.forward(batch)
+            laps.lap("forward")
             (loss * norm / global_norm).backward()
+            laps.lap("backward")
             for name, value in {"loss": loss.detach(), **metrics}.items():
                 sums[name] += float(value) * norm
             if sampled and norm:
                 self.mismatch.add(logprobs.detach(), batch, policy_version, kl)
+            laps.lap("other")
         mismatch = self.mismatch.metrics(kl) if sampled else {}
         if sampled and policy_version is not None:
             self.mismatch.keep(policy_version)
+            laps.lap("keep")
         sums["tokens"] = sum(float((b.input_ids != self.pad_id).sum()) for b, real in micro if real)
+        sums["positions"] = sum(float(b.input_ids.numel()) for b, real in micro if real)
         totals = all_sum_each(sums)
+        laps.lap("other")
         grad_norm, blown = self._clip_and_step(totals["loss"] / global_norm)
+        laps.lap("optimizer")
+        counts = ("tokens", "positions", "previous_positions")
         return {
-            **{name: value / global_norm for name, value in totals.items() if name != "tokens"},
+            **{name: value / global_norm for name, value in totals.items() if name not in counts},
             "grad_norm": grad_norm,
             "skipped": float(blown is not None),
             "blown": blown,  # why it was not applied (the divergence guard), or None
             "lr": self.scheduler.get_last_lr()[0],
             "tokens": totals["tokens"],
+            # Positions computed, padding included; by the previous weights' forward passes too.
+            "positions": totals["positions"],
+            "previous_positions": totals.get("previous_positions", 0.0),
             "tokens_per_s": totals["tokens"] / (time.perf_counter() - start),
+            **laps.metrics(),  # seconds per part of the step, this rank's
             f"{peak.metric}": all_max(peak.gb()),
             **mismatch,
             "started_at": started_at,  # wall clock: the run's timeline
