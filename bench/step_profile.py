@@ -74,7 +74,7 @@ def step_parts(metrics: list[dict]) -> dict[str, float]:
     """Median seconds of each critical-path part over the steady steps, and of the step."""
     steps = steady(metrics)
     elapsed = [s["run/elapsed_s"] for s in metrics]
-    step_s = statistics.median(b - a for a, b in zip(elapsed[:-1], elapsed[1:-1], strict=True))
+    step_s = statistics.median(b - a for a, b in zip(elapsed[:-2], elapsed[1:-1], strict=True))
     parts = {"batch wait": median(steps, "train/batch_wait_s")}
     parts |= {p: median(steps, f"train/{p}_s") for p in TRAINER_PARTS}
     trained = sum(parts[p] for p in TRAINER_PARTS)
