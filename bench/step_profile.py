@@ -16,28 +16,27 @@ elapsed time). Beside them, the overlapped work: the generators' busy seconds, r
 FLOP rates (6, 2 and 4 x parameters x tokens for a step, a forward and a backward pass; tokens
 as the trainer counts them, padding left out) are given as a fraction of a fixed-shape step
 (`bench/trainer_flops.py`'s: two micro-batches of 8 x 80 tokens, clipping and AdamW), measured
-in this process on as many threads as the run's trainer had, just after the run. Draws one
+in a process of its own on as many threads as the run's trainer had, just after the run. Draws one
 stacked bar per run: bench/results/step_profile.png.
 
-    python bench/step_profile.py [--sizes 16 64] [--placements colocated split] [--steps 5]
+    python bench/step_profile.py [--sizes 16 64] [--placements colocated split] [--steps 6]
 """
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
-import torch
 from library_log import library_output_to_log
 from placement import APP, parameters, run
 from result import FOLDER, Result
-from trainer_flops import best_time, fixed_step
 
 from forge.cli import load_app
 from forge.config import load_config
-from forge.models import smollm2
-from forge.models.titan import load_pretrained
 from forge.observability.console import say
 from forge.observability.timeline import read_timeline
 
@@ -93,16 +92,19 @@ def generator_busy(run_dir: Path, steps: int) -> float:
 
 
 def fixed_shape_rate(threads: int, params: int) -> float:
-    """6 x parameters x tokens / time of the fixed-shape step, on `threads` threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = load_pretrained(smollm2()).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-        step, tokens = fixed_step(model, optimizer)
-        return 6 * params * tokens / best_time(step, 3)
-    finally:
-        torch.set_num_threads(before)
+    """6 x parameters x tokens / time of the fixed-shape step on `threads` threads, in a process
+    of its own: this one ran the app's driver, and a model and thread pool left here would
+    disturb the next run."""
+    code = (
+        f"import json, torch; torch.set_num_threads({threads}); "
+        "from trainer_flops import fixed_step_seconds; print(json.dumps(fixed_step_seconds()))"
+    )
+    here = Path(__file__).parent
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=here, capture_output=True, text=True, check=True
+    )
+    seconds, tokens = json.loads(out.stdout.splitlines()[-1])
+    return 6 * params * tokens / seconds
 
 
 async def profile(batch: int, placement: str, steps: int, params: int, result: Result) -> dict:
@@ -192,5 +194,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--placements", nargs="+", default=["colocated", "split"])
-    parser.add_argument("--steps", type=int, default=5, help="at least 3")
+    parser.add_argument("--steps", type=int, default=6, help="at least 3")
     asyncio.run(main(parser.parse_args()))
