@@ -81,9 +81,9 @@ class WeightUpdates:
         goes on, `pause_s` (drain: in-flight requests finishing, nothing admitted), `swap_s`
         (engine stopped: swap, resume), `verify_s` (the checksum pass, part of prepare_s; of
         swap_s for a model verified in the pause), `prepared` (whether the version was
-        verified and built before the pause); and when the
-        preparation, the pause, the swap and the update ended on the wall clock (`prepare_at`,
-        `pause_at`, `swap_at`, `end_at`).
+        verified and built before the pause); and when the preparation, the pause, the swap
+        and the update began or ended on the wall clock (`prepare_at`, `pause_at`, `swap_at`,
+        `end_at`).
         Raises WeightVersionError (naming the version kept) if the version is refused.
         """
         if version == self.version:
@@ -205,8 +205,10 @@ class WeightUpdates:
     ) -> tuple[Callable[[], Awaitable[float]], bool]:
         """Everything of the swap that can be done while the engine generates: an adapter
         verified and written as a PEFT folder, or full weights verified and built in the
-        engine beside its live ones. Returns the swap itself, which returns the seconds its
-        version's verification took."""
+        engine beside its live ones (one whose swap then fails stays there until the next
+        update replaces it). Returns the swap itself, which returns the seconds its version's
+        verification took, and whether the version was prepared (False: a model the engine
+        cannot build beside its weights, verified and reloaded in the pause)."""
         if self.adapter is not None:
             folder, verify_s = await asyncio.to_thread(self._write_adapter, path, manifest)
             return lambda: self._swap(self.adapter.load(self.engine, folder), verify_s), True
