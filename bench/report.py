@@ -40,6 +40,7 @@ BENCHES = [
     ("async_speedup", "python bench/async_speedup.py", "async_speedup"),
     ("placement", "python bench/placement.py", "placement"),
     ("step_profile", "python bench/step_profile.py", "step_profile"),
+    ("before_after", "python bench/before_after.py", "before_after"),
     ("precision", "python bench/precision.py", "precision"),
     ("single_process", "python bench/single_process.py", "single_process"),
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
