@@ -5,7 +5,8 @@ that samples a batch with `transformers`' `generate` and then takes a training s
 runs that loop and the GRPO app as shipped (the config's mode, `placement: auto`) on the same
 config: the same model, prompts (chat template), group size, sequences per step, sampling
 (temperature, max tokens, no top-k/top-p), rewards, AdamW settings, micro-batch and gradient
-clip (the learning-rate warmup aside: it costs nothing). Seconds per step are the median of
+clip (the learning-rate warmup aside: it costs nothing). Each run is a process of its own, so
+neither side's heap or threads are left to the other. Seconds per step are the median of
 steps 2-N from each step's end; the rest of a run's wall time (start-up, the first step's extra,
 shutdown) is printed apart, with the step at which forge's longer start-up is paid back. The
 runs alternate (baseline, forge; forge, baseline; ...) so that a drift of the machine's speed
@@ -19,11 +20,14 @@ file.
 
 import argparse
 import asyncio
-import gc
+import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from async_speedup import seconds_per_step
@@ -37,7 +41,7 @@ from forge.data.datasets import open_dataset
 from forge.data.rewards import resolve_reward
 from forge.losses import group_advantages
 from forge.models import resolve_model
-from forge.observability.console import say
+from forge.observability.console import capture_to, say
 
 
 class OneProcessGRPO:
@@ -158,31 +162,44 @@ async def one_process_run(config: str, overrides: list[str], steps: int) -> tupl
     m, start = [], time.perf_counter()
     for _ in range(steps):
         m.append({**loop.step(), "run/elapsed_s": time.perf_counter() - start})
-    del loop
-    gc.collect()
     gen = statistics.median(s["generate_s"] for s in m[1:])
     train = statistics.median(s["train_s"] for s in m[1:])
     tokens = statistics.median(s["tokens"] for s in m[1:])
     return m, f"generate {gen:.1f} s + train {train:.1f} s, {tokens:.0f} tokens/step"
 
 
-async def measure(name: str, config: str, overrides: list[str], steps: int) -> tuple[float, float]:
-    """One run: its s/step, and what its wall time holds beyond that many steps."""
+def measure(
+    name: str, config: str, overrides: list[str], steps: int, logs: Path
+) -> tuple[float, float]:
+    """One run, in a process of its own (neither side's heap or threads left to the other):
+    its s/step, and what its wall time holds beyond that many steps."""
     start = time.perf_counter()
-    runner = forge_run if name == "forge" else one_process_run
-    metrics, detail = await runner(config, overrides, steps)
-    per, ends = seconds_per_step(metrics), [m["run/elapsed_s"] for m in metrics]
+    slug = name.replace(" ", "_")
+    out, log = logs / f"{slug}-{start:.0f}.json", logs / f"{slug}-{start:.0f}.log"
+    command = [sys.executable, __file__, "--run", name, "--out", str(out), "--log", str(log)]
+    subprocess.run([*command, "--config", config, "--steps", str(steps), *overrides], check=True)
+    done = json.loads(out.read_text())
+    per, ends = seconds_per_step(done["metrics"]), [m["run/elapsed_s"] for m in done["metrics"]]
     # All but steps 2-N, less one step: start-up, the first step's extra, shutdown.
     rest = time.perf_counter() - start - (ends[-1] - ends[0]) - per
-    say(f"  {name:<12}{per:7.2f} s/step + {rest:5.1f} s once  ({detail})")
+    say(f"  {name:<12}{per:7.2f} s/step + {rest:5.1f} s once  ({done['detail']})")
     return per, rest
 
 
-async def repeat(config: str, overrides: list[str], steps: int, forge_first: bool) -> dict:
+async def one_run(args: argparse.Namespace) -> None:
+    """The child's side of `measure`: one run in this process, its metrics to `args.out`."""
+    capture_to(Path(args.log))
+    runner = forge_run if args.run == "forge" else one_process_run
+    metrics, detail = await runner(args.config, args.overrides, args.steps)
+    keep = [{"run/elapsed_s": m["run/elapsed_s"]} for m in metrics]
+    Path(args.out).write_text(json.dumps({"metrics": keep, "detail": detail}))
+
+
+def repeat(config: str, overrides: list[str], steps: int, forge_first: bool, logs: Path) -> dict:
     """One baseline run and one forge run, in the given order: forge / baseline s/step, and
     the steps after which forge's longer start-up is paid back."""
     order = ["forge", "one process"] if forge_first else ["one process", "forge"]
-    runs = {name: await measure(name, config, overrides, steps) for name in order}
+    runs = {name: measure(name, config, overrides, steps, logs) for name in order}
     (forge, forge_once), (one, one_once) = runs["forge"], runs["one process"]
     even = (forge_once - one_once) / (one - forge) if forge < one else math.inf
     say(f"  forge / one process: {forge / one:.3f} s/step; forge ahead {after(even)}")
@@ -193,12 +210,12 @@ def after(steps: float) -> str:
     return "never" if math.isinf(steps) else f"after {max(steps, 0):.0f} steps"
 
 
-async def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace, logs: Path) -> None:
     result = Result("single_process")
     for batch in args.sizes:
         overrides = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *args.overrides]
         runs = [
-            await repeat(args.config, overrides, args.steps, forge_first=r % 2 == 1)
+            repeat(args.config, overrides, args.steps, forge_first=r % 2 == 1, logs=logs)
             for r in range(args.repeats)
         ]
         ratios = [r["ratio"] for r in runs]
@@ -226,11 +243,18 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    library_output_to_log("single_process")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/grpo/smollm2_cpu.yaml")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    asyncio.run(main(parser.parse_args()))
+    # One run in this process, for `measure` in the parent.
+    parser.add_argument("--run", choices=["forge", "one process"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--log", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        asyncio.run(one_run(args))
+    else:
+        main(args, library_output_to_log("single_process").parent)
