@@ -1,5 +1,5 @@
-"""Before and after: `make grpo`'s seconds per step and the batch-64 colocated step's, run from
-an earlier commit and from this one, side by side in one run.
+"""Before and after: seconds per step of `make grpo`, the batch-64 colocated step and the split,
+run from an earlier commit and from this one, side by side in one run.
 
 The earlier commit is checked out in a git worktree of its own (removed at the end). Every run
 is `python -m forge run` in a process of its own, from its tree's code with this environment's
@@ -38,6 +38,7 @@ CASES = {  # name: overrides of `make grpo`'s command line
         "buffer.batch_size=64",
         "buffer.capacity=1024",
     ],
+    "16 sequences, split": ["placement=split"],
 }
 QUIET = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
 
