@@ -24,17 +24,18 @@ so `ahead <= L` holds at all times. `max_policy_age: 0` (sync mode) allows exact
     await gate.consumed(n)  # n: growth of retired + evicted_* in the buffer's stats
 
 Why this bounds policy age. Report `consumed` only once the weights trained on those samples
-are on every generator, and let every rollout admitted before a weight update be in the buffer
-before that update completes (the generator's `drain` mode does this for generation; scoring
-must be quick, or drained too). Take a group admitted when k batches have been reported
-consumed: the generators are at version >= k, so its policy version is >= k. No consumption
-is reported while it is in flight, so it and every sample that enters the buffer before it
-were admitted while at most k * B had been reported consumed: all are among the first
+are on every generator (or every generator was asked to load them: a generator holds a request
+made while it updates until the update is over), and let every rollout admitted before a weight
+update be in the buffer before that update completes (the generator's `drain` mode does this for
+generation; scoring must be quick, or drained too). Take a group admitted when k batches have
+been reported consumed: the generators are at version >= k, so its policy version is >= k. No
+consumption is reported while it is in flight, so it and every sample that enters the buffer
+before it were admitted while at most k * B had been reported consumed: all are among the first
 k * B + L = (k + A + 1) * B samples admitted. FIFO sampling with `max_reuse: 1` takes samples
-in buffer order, B per step, so the group is trained by version k + A at the latest: its age
-is <= A, and the buffer never drops stale data. Where a rollout can outlive updates
-(`abort`/`inflight` modes, slow scoring), or sampling is random or reuses episodes, the
-buffer's `max_policy_age` check drops what slips through, and counts it.
+in buffer order, B per step, so the group is trained by version k + A at the latest: its age is
+<= A, and the buffer never drops stale data. Where a rollout can outlive updates
+(`abort`/`inflight` modes, slow scoring), or sampling is random or reuses episodes, the buffer's
+`max_policy_age` check drops what slips through, and counts it.
 """
 
 import asyncio

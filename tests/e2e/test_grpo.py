@@ -72,7 +72,9 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(placement, tmp_p
 def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_path):
     """Async at max_policy_age 1, one run per update mode (at once, as above): the trainer
     starts step s+1 before the generators are done moving to version s (timestamps from the
-    trainer's and the generators' own processes), and no batch is older than the age allows."""
+    trainer's and the generators' own processes), and no batch is older than the age allows.
+    Under drain, the admission gate's bound keeps the buffer from dropping anything stale: a
+    rollout admitted while a generator prepares a version waits for that version."""
     runs = {mode: tmp_path / mode for mode in ("drain", "abort", "inflight")}
     procs = {
         mode: grpo(
@@ -112,6 +114,8 @@ def test_generators_take_new_weights_while_the_trainer_takes_its_next_step(tmp_p
         for record in trained(run_dir):
             ages = [record["trainer_version"] - v for v in record["policy_versions"]]
             assert 0 <= min(ages) and max(ages) <= 1, (mode, record)
+        if mode == "drain":
+            assert metrics(run_dir)[-1]["buffer/evicted_stale"] == 0
         assert (run_dir / "timeline.png").stat().st_size > 0
 
 

@@ -130,6 +130,24 @@ async def test_update_with_32_requests_in_flight_loses_nothing(generator, transp
     assert await generator.get_version.call_one() == new
 
 
+async def test_a_request_made_once_an_update_was_asked_for_generates_on_its_version(
+    generator, transport
+):
+    """What the admission gate's bound on policy age counts on. The update is asked for before
+    its version is published, so it is still fetching when the request comes: the request waits
+    for it instead of generating on the old weights while the new ones are fetched and built."""
+    new = await generator.get_version.call_one() + 1
+    weights = reference(seed=new % 2).state_dict()
+    weights.pop("lm_head.weight", None)
+    update = asyncio.ensure_future(generator.update_weights.call_one(new))
+    sampling = {"max_tokens": 8, "ignore_eos": True}
+    request = asyncio.ensure_future(generator.generate.call_one([7, 8, 9], sampling=sampling))
+    await transport.publish(new, weights)
+    assert (await update)["mode"] == "drain"
+    (completion,) = await request
+    assert completion.token_versions == [new] * 8
+
+
 async def test_bad_inputs_give_clear_errors_and_no_crash(generator, transport):
     version = await generator.get_version.call_one()
     cases = [

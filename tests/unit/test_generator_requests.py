@@ -1,6 +1,7 @@
 """The generator's request layer and engine statistics, without an engine: vLLM's own output
 and stats types, SmolLM2's real tokenizer."""
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -113,3 +114,19 @@ async def test_a_request_aborted_while_a_swap_is_under_way_is_continued(swap_und
         assert engine.requests == 2 and completion.token_ids == [5, 6]
     else:  # an abort that no swap made (a cancelled call) ends the request
         assert engine.requests == 1 and completion.token_ids == []
+
+
+async def test_a_request_waits_for_an_update_under_way_before_it_enters_the_engine():
+    """A request made once an update was asked for must generate on that update's version."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2())
+    cfg = GeneratorConfig(max_model_len=64, sampling=SamplingConfig(max_tokens=4))
+    engine = _Engine(output([5, 6], [-0.1, -0.2], [(2, 0, 2)], finish="stop"))
+    settled = asyncio.Event()
+    requests = Requests(engine, tokenizer, cfg, aborting_swaps=lambda: 0, settled=settled.wait)
+    call = asyncio.ensure_future(requests.generate([1, 2, 3], n=1))
+    for _ in range(10):  # every chance to run, short of the update being over
+        await asyncio.sleep(0)
+    assert engine.requests == 0 and not call.done()
+    settled.set()
+    (completion,) = await call
+    assert engine.requests == 1 and completion.token_versions == [2, 2]

@@ -77,6 +77,7 @@ class Generator(ForgeActor):
             lambda: self.updates.aborting_swaps,
             lambda: adapter and adapter.request,
             lambda: self.updates.aborting,
+            self.updates.settled,
         )
 
     @property
@@ -117,7 +118,8 @@ class Generator(ForgeActor):
     # checks, stats and metric pulls (the update controller runs one update at a time).
     @concurrent_endpoint
     async def update_weights(self, version: int, mode: str | None = None) -> dict[str, Any]:
-        """Loads weight `version` from the transport; generation pauses only for the swap.
+        """Loads weight `version` from the transport; generation pauses only for the swap, and
+        `generate` calls made meanwhile wait for it, to generate on `version`.
 
         `mode` overrides the configured update mode for this update. If the version is missing,
         incomplete or corrupted, raises WeightVersionError and keeps serving the current

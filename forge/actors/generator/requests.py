@@ -8,12 +8,16 @@ resubmitted, and the pieces stitched into one Completion.
 
 import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from forge.actors.generator.config import GeneratorConfig, SamplingConfig
 from forge.data.completion import Completion
+
+
+async def _no_update() -> None:
+    """The default `settled`: no weight update to wait for."""
 
 
 class Requests:
@@ -27,6 +31,8 @@ class Requests:
             that ends aborted while this moved on was cut by a swap, and is continued.
         aborting: whether such a swap is under way. A request that started after the swap
             counted itself but before the engine aborted was cut by it too, and is continued.
+        settled: returns once no weight update is under way; a new request waits for it, so
+            that it generates on the version an update already asked for loads.
         lora: the LoRARequest each request carries now (None: the engine serves no adapter).
     """
 
@@ -38,6 +44,7 @@ class Requests:
         aborting_swaps: Callable[[], int],
         lora: Callable[[], Any] = lambda: None,
         aborting: Callable[[], bool] = lambda: False,
+        settled: Callable[[], Awaitable[None]] = _no_update,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -45,6 +52,7 @@ class Requests:
         self._aborting_swaps = aborting_swaps
         self._aborting = aborting
         self._lora = lora
+        self._settled = settled
 
     async def generate(
         self,
@@ -55,6 +63,7 @@ class Requests:
         """`n` Completions of `prompt`; see Generator.generate."""
         prompt_ids = self.prompt_ids(prompt)
         params = self.sampling_params(n, sampling, len(prompt_ids))
+        await self._settled()
         epoch = self._aborting_swaps()
         final = await self._request(prompt_ids, params)
         completions = []

@@ -1,13 +1,13 @@
 """The generator's weight-update controller: moves its engine from one version to the next.
 
-An update first finds the version and pins its file while generation goes on (rdma, torchstore:
-fetches it and stages it in this host's shared memory first). Then, one update at a time, the
-engine verifies the pinned bytes and builds the version beside its live weights while it goes
-on generating (`forge.actors.staged_weights`; a model it cannot build that way verifies and
-reloads in the pause instead); the update pauses the engine as the update mode says, swaps the
-built weights in, records the version, and resumes. A version that is missing, incomplete,
-corrupted or does not fit the model is refused, before any pause; the engine keeps serving the
-weights it had.
+An update first finds the version and pins its file (rdma, torchstore: fetches it and stages it
+in this host's shared memory first). Then, one update at a time, the engine verifies the pinned
+bytes and builds the version beside its live weights (`forge.actors.staged_weights`; a model it
+cannot build that way verifies and reloads in the pause instead). The requests in flight go on
+generating all along; new ones wait for the update to end, so that they generate on its version
+(`settled`). The update pauses the engine as the update mode says, swaps the built weights in,
+records the version, and resumes. A version that is missing, incomplete, corrupted or does not
+fit the model is refused, before any pause; the engine keeps serving the weights it had.
 
 With LoRA a version is an adapter: it is verified and written as a PEFT folder here, before
 the pause, and the swap is vLLM loading that adapter in place (`AdapterSlot`).
@@ -64,6 +64,9 @@ class WeightUpdates:
         self.aborting_swaps = 0  # read by the request layer, to continue what a swap aborted
         self.aborting = False  # an aborting swap is under way (from its count until resumed)
         self._lock = asyncio.Lock()
+        self._under_way = 0  # updates asked for and not yet over
+        self._settled = asyncio.Event()  # set while none is
+        self._settled.set()
         self._staging: ShmFolder | None = None  # rdma, torchstore: versions staged for the engine
 
     async def start(self) -> None:
@@ -74,7 +77,8 @@ class WeightUpdates:
         await self.engine.update_weight_version(str(self.version))
 
     async def update(self, version: int, mode: UpdateMode) -> dict[str, Any]:
-        """Loads `version`; generation pauses only for the swap.
+        """Loads `version`; generation pauses only for the swap. Requests made meanwhile wait
+        for it (`settled`): they generate on `version`.
 
         Returns the mode used and seconds: `fetch_s` (finding and pinning the version),
         `prepare_s` (verifying and building it beside the live weights), both while generation
@@ -92,6 +96,8 @@ class WeightUpdates:
                 "prepared": False,
             }
         start = time.perf_counter()
+        self._under_way += 1
+        self._settled.clear()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 path, manifest = await self._pin(version, stack)
@@ -110,6 +116,10 @@ class WeightUpdates:
                         self.aborting = False
         except WeightVersionError as e:
             raise type(e)(f"{e}; generator stays on version {self.version}") from None
+        finally:
+            self._under_way -= 1
+            if not self._under_way:
+                self._settled.set()
         done = time.perf_counter()
         logger.info("weights v%d loaded (%s): paused %.3fs", version, used, done - built)
         return {
@@ -126,6 +136,14 @@ class WeightUpdates:
             "swap_at": swap_at,
             "end_at": time.time(),
         }
+
+    async def settled(self) -> None:
+        """Returns once no update is under way. A request waits for it before it enters the
+        engine, so that one made after an update was asked for generates on that update's
+        version: the admission gate's bound on policy age counts on it (forge/data/admission.py),
+        and requests already in flight go on generating while the version is fetched and built.
+        """
+        await self._settled.wait()
 
     async def load_latest(self, mode: UpdateMode) -> int:
         """Loads the newest complete version in the transport; returns the version held.
