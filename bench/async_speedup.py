@@ -39,6 +39,13 @@ def seconds_per_step(steps: list[dict[str, float]]) -> float:
     return statistics.median(b - a for a, b in zip(elapsed, elapsed[1:], strict=False))
 
 
+def steady_seconds_per_step(steps: list[dict[str, float]]) -> float:
+    """Median seconds per step over steps 2..N-1: the first also starts the pipeline, the last
+    waits for the final update."""
+    elapsed = [s["run/elapsed_s"] for s in steps]
+    return statistics.median(b - a for a, b in zip(elapsed[:-2], elapsed[1:-1], strict=True))
+
+
 async def run(config: str, mode: str, steps: int, overrides: list[str]) -> list[dict]:
     app_main, schema = load_app(APP)
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{mode}-"))

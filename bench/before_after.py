@@ -14,7 +14,6 @@ beside the bench's library log.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -22,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from async_speedup import per_step, steady_seconds_per_step
 from library_log import library_output_to_log
 from result import Result
 
@@ -43,12 +43,6 @@ CASES = {  # name: overrides of `make grpo`'s command line
 QUIET = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
 
 
-def steady_seconds_per_step(metrics: list[dict]) -> float:
-    """Median seconds per step over steps 2..N-1."""
-    elapsed = [m["run/elapsed_s"] for m in metrics]
-    return statistics.median(b - a for a, b in zip(elapsed[:-2], elapsed[1:-1], strict=True))
-
-
 def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:
     """One `forge run` of the GRPO app from `tree`'s code; its steady seconds per step."""
     run_dir = Path(tempfile.mkdtemp(prefix="forge-bench-before-after-"))
@@ -59,8 +53,7 @@ def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:
         done = subprocess.run([*command, *args], cwd=tree, env=env, stdout=out, stderr=out)
     if done.returncode:
         raise RuntimeError(f"forge run in {tree} exited {done.returncode}; see {log}")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return steady_seconds_per_step([json.loads(line) for line in lines])
+    return steady_seconds_per_step(per_step(run_dir))
 
 
 def worktree(commit: str) -> Path:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from async_speedup import steady_seconds_per_step
 from library_log import library_output_to_log
 from placement import APP, parameters, run
 from result import FOLDER, Result
@@ -72,8 +73,7 @@ def steady(metrics: list[dict]) -> list[dict]:
 def step_parts(metrics: list[dict]) -> dict[str, float]:
     """Median seconds of each critical-path part over the steady steps, and of the step."""
     steps = steady(metrics)
-    elapsed = [s["run/elapsed_s"] for s in metrics]
-    step_s = statistics.median(b - a for a, b in zip(elapsed[:-2], elapsed[1:-1], strict=True))
+    step_s = steady_seconds_per_step(metrics)
     parts = {"batch wait": median(steps, "train/batch_wait_s")}
     parts |= {p: median(steps, f"train/{p}_s") for p in TRAINER_PARTS}
     trained = sum(parts[p] for p in TRAINER_PARTS)
