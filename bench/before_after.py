@@ -40,7 +40,7 @@ CASES = {  # name: overrides of `make grpo`'s command line
     ],
     "16 sequences, split": ["placement=split"],
 }
-QUIET = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
+QUIET = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.enabled=false"]
 
 
 def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:

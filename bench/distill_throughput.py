@@ -53,7 +53,7 @@ async def main(args: argparse.Namespace) -> None:
         f"steps={args.steps}",
         "export_hf=false",
         "eval.interval=0",
-        "trainer.checkpoint.folder=null",
+        "trainer.checkpoint.enabled=false",
         *args.overrides,
     ]
     shared = [f"{key}={json.dumps(_plain(getattr(distill, key)))}" for key in SHARED]

@@ -31,7 +31,7 @@ from forge.data.datasets import open_dataset
 from forge.envs.config import EnvConfig
 from forge.loop.episodes import Episodes
 from forge.loop.generator_handle import GeneratorHandle
-from forge.loop.run import load_tokenizer
+from forge.models import load_tokenizer
 from forge.observability.console import say
 
 CONFIG = ROOT / "configs" / "grpo" / "smollm2_cpu.yaml"

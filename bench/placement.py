@@ -50,7 +50,7 @@ async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) 
     folder."""
     app_main, schema = load_app(APP)
     run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
-    quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.folder=null"]
+    quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.enabled=false"]
     cfg = load_config(schema, config, [*quiet, *overrides, f"steps={steps}", f"run_dir={run_dir}"])
     say(f"{name}: {' '.join(overrides)} -> {run_dir}")
     await app_main(cfg)

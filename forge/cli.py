@@ -16,7 +16,7 @@ but forge's own lines (vLLM, Monarch, torch: this process's and its children's o
 <run_dir>/forge.log unless `--verbose`.
 
 `forge submit` runs the same `forge run` command as one SLURM batch job, the driver inside the
-allocation (forge/controller/submit.py); it prints the job id, the run folder and the log.
+allocation (forge/controller/slurm/submit.py); it prints the job id, the run folder and the log.
 Submitting the same command again resumes the run; `scancel JOB` stops all of it.
 
 `forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
@@ -167,12 +167,12 @@ def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
 def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge submit`: check the config and its placement here, then sbatch the run."""
     # Imported here: they load Monarch and torch (seconds), which `forge --help` need not.
-    from forge.controller.submit import SubmitError, batch_script, submit
+    from forge.controller.slurm.submit import SubmitError, batch_script, submit
     from forge.loop.plan import plan_run
 
     schema, cfg = _load_run_config(args, overrides, "submit")
     if args.nodes is not None and args.nodes != cfg.provisioner.nodes:
-        if not cfg.provisioner.on_slurm:
+        if not cfg.provisioner.host_launcher().spans_nodes:
             raise ConfigError(
                 f"--nodes {args.nodes}: provisioner.launcher={cfg.provisioner.launcher} runs on "
                 "one node; set provisioner.launcher=slurm to spread a run over several"
@@ -292,7 +292,7 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     except Exception as e:
         if not _host_lost(e):
             raise
-        from forge.controller.submit import HOST_LOST_STATUS, requeue
+        from forge.controller.slurm.submit import HOST_LOST_STATUS, requeue
 
         requeue(cfg.provisioner.slurm.max_requeues)  # inside a forge submit job
         raise SystemExit(HOST_LOST_STATUS) from e
@@ -355,7 +355,7 @@ def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:
 
 def import_app(path: str | Path) -> ModuleType:
     """Imports the app file at `path` (as module APP_MODULE), e.g. to build its objects in a
-    notebook: `grpo = import_app("apps/grpo/main.py"); run = grpo.GRPO(cfg)`."""
+    notebook: `grpo = import_app("apps/grpo/main.py"); run = await grpo.GRPO.start(cfg)`."""
     spec = importlib.util.spec_from_file_location(APP_MODULE, path)
     assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)

@@ -7,6 +7,8 @@ the dataclass defaults, the yaml file and `key=value` overrides with dotted keys
 instance of the dataclass. Checks that span several fields belong in `__post_init__`, raising
 ValueError. A dataclass whose key was renamed or removed says so in a class attribute
 `RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the error quotes it.
+A key there that is still a field is one the config derives (its `__post_init__`, or the
+app, fills it in): no input sets it, but a run folder's saved config (`known_only`) holds it.
 
 Every bad input raises ConfigError, whose message is one line naming where the input came from
 (the yaml file, or "command line") and the full dotted key:
@@ -50,8 +52,9 @@ def load_config(
         schema: the config dataclass.
         path: a yaml file whose top level is a mapping onto `schema`, or None for defaults.
         overrides: `dotted.key=value` strings, applied in order after the file.
-        known_only: read only the file's top-level keys that `schema` has (a run folder's
-            config.yaml, written by an app's config, read as the fields every app shares).
+        known_only: the file is a run folder's config.yaml, an app's config as it ran, read as
+            the fields every app shares: only its top-level keys that `schema` has, and the
+            values the config derived (RENAMED_KEYS that are fields) taken as saved.
 
     Raises:
         ConfigError: on any bad input, naming its source and key.
@@ -62,7 +65,7 @@ def load_config(
         data = _read_yaml(Path(path))
         if known_only:
             data = {k: v for k, v in data.items() if k in cfg}
-        _merge(cfg, data, str(path), applied)
+        _merge(cfg, data, str(path), applied, derived=known_only)
     for override in overrides:
         _merge(cfg, _parse_override(override), COMMAND_LINE, applied)
     return _instantiate(cfg, applied, default_source=COMMAND_LINE if path is None else str(path))
@@ -121,8 +124,10 @@ def _merge(
     source: str,
     applied: list[tuple[str, str]],
     prefix: str = "",
+    derived: bool = False,
 ) -> None:
-    """Merge `data` from `source` onto `node` in place, recording in `applied` what it set.
+    """Merge `data` from `source` onto `node` in place, recording in `applied` what it set;
+    `derived`: `data` may hold the values the config derives (a run folder's saved config).
 
     Goes down through mappings one key at a time, so that every error names its full key:
     omegaconf does not, for a mapping given where a list belongs or the reverse.
@@ -130,11 +135,13 @@ def _merge(
     children = dict(node.items_ex(resolve=False))
     for key, value in data.items():
         path = f"{prefix}{key}"
+        if key in children and not derived and (renamed := _renamed(node, key)):
+            raise _error(source, path, renamed)
         expected, got = _shape(children.get(key)), _shape(value)
         if expected and got and expected != got:
             raise _error(source, path, f"expected {expected}, got {got}")
         if expected == got == "a mapping" and _holds_mapping(node, key):
-            _merge(node[key], value, source, applied, f"{path}.")
+            _merge(node[key], value, source, applied, f"{path}.", derived)
             continue
         try:
             node.merge_with({key: value})
@@ -196,8 +203,12 @@ def _error(source: str, key: str, detail: str) -> ConfigError:
 def _unknown_key(node: DictConfig, key: str, e: ConfigKeyError) -> str:
     """What a key the schema lacks is: one its dataclass renamed or removed (its RENAMED_KEYS
     say where it went), else unknown, with the closest known key."""
-    renamed = getattr(OmegaConf.get_type(node), "RENAMED_KEYS", {}).get(key)
-    return renamed or "unknown key" + _suggestion(e)
+    return _renamed(node, key) or "unknown key" + _suggestion(e)
+
+
+def _renamed(node: DictConfig, key: str) -> str | None:
+    """Where `key` of `node` went, from its dataclass's RENAMED_KEYS; None: it did not move."""
+    return getattr(OmegaConf.get_type(node), "RENAMED_KEYS", {}).get(key)
 
 
 def _suggestion(e: ConfigKeyError) -> str:

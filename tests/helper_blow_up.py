@@ -41,4 +41,4 @@ class BlowUp(grpo.GRPO):
 
 
 async def main(cfg: Config) -> None:
-    await BlowUp(cfg).main()
+    await BlowUp.main(cfg)

@@ -19,7 +19,7 @@ from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
 from forge.data import Episode
 from forge.envs.episode import EpisodeOutcome
-from forge.loop import RLConfig, RLLoop
+from forge.loop import RLConfig, RLLoop, RunParts
 from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel
 from forge.observability import Reduce, record_metric
@@ -48,10 +48,10 @@ class Config(RLConfig):
     student: PrunedModel | None = None
     teacher_top_k: int = 0
 
+    OBJECTIVE = "distill"
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.trainer.objective != "distill":
-            raise ValueError(f"trainer.objective must be 'distill', got {self.trainer.objective!r}")
         if self.teacher.temperature != self.generator.sampling.temperature:
             raise ValueError("teacher.temperature must equal generator.sampling.temperature")
         if self.teacher_top_k < 0:
@@ -79,14 +79,15 @@ class Distill(RLLoop):
     cfg: Config
     plot_keys = ("train/reverse_kl", "eval/reward", "teacher/tokens_per_s", "train/tokens_per_s")
 
-    def __init__(self, cfg: Config) -> None:
+    @classmethod
+    async def start(cls, cfg: Config) -> "Distill":
         if cfg.student is not None:  # the pruned copy is written once, then reused
             cfg.generator.model = cfg.trainer.model = str(cfg.student.path())
-        super().__init__(cfg)
+        return await super().start(cfg)
 
-    async def attach(self, actors: dict) -> None:
-        await super().attach(actors)
-        self.teacher = actors["teacher"]
+    def __init__(self, cfg: Config, parts: RunParts) -> None:
+        super().__init__(cfg, parts)
+        self.teacher = parts.actors["teacher"]
         self.teacher_busy = BusyClock()
 
     async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
@@ -137,4 +138,4 @@ class Distill(RLLoop):
 
 
 async def main(cfg: Config) -> None:
-    await Distill(cfg).main()
+    await Distill.main(cfg)

@@ -16,7 +16,7 @@ from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.data import Episode
 from forge.envs.config import EnvConfig
 from forge.envs.episode import EpisodeOutcome
-from forge.loop import RLConfig, RLLoop
+from forge.loop import RLConfig, RLLoop, RunParts
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
 from forge.placement.roles import Role
@@ -26,6 +26,8 @@ from forge.placement.roles import Role
 class Config(RLConfig):
     run_dir: str = "runs/grpo"
     reference: ReferenceConfig | None = None  # needed when trainer.loss.kl_coef > 0
+
+    OBJECTIVE = "grpo"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -52,9 +54,9 @@ class GRPO(RLLoop):
     cfg: Config
     plot_keys = ("rollout/reward", "eval/reward", "train/mismatch_kl", "generator/tokens_per_s")
 
-    async def attach(self, actors: dict) -> None:
-        await super().attach(actors)
-        self.reference = actors.get("reference")
+    def __init__(self, cfg: Config, parts: RunParts) -> None:
+        super().__init__(cfg, parts)
+        self.reference = parts.actors.get("reference")
 
     async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
         failures = await self.episodes.score([row] * len(outcomes), outcomes)
@@ -78,4 +80,4 @@ class GRPO(RLLoop):
 
 
 async def main(cfg: Config) -> None:
-    await GRPO(cfg).main()
+    await GRPO.main(cfg)

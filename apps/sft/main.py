@@ -26,9 +26,9 @@ from forge.data.sft import (
     sft_episode,
     tokenize_row,
 )
-from forge.loop import Run, RunConfig, TrainerDied
+from forge.loop import Run, RunConfig, RunParts, TrainerDied
 from forge.loop.evaluation import EvalRows
-from forge.loop.run import load_tokenizer
+from forge.models import load_tokenizer
 from forge.observability import record_metric
 
 
@@ -47,9 +47,10 @@ class Config(RunConfig):
     batch_size: int = 16
     bucket_window: int = 8
 
+    OBJECTIVE = "sft"
+
     def __post_init__(self) -> None:
-        if self.trainer.objective != "sft":
-            raise ValueError(f"trainer.objective must be 'sft', got {self.trainer.objective!r}")
+        super().__post_init__()
         if self.target.column is not None and self.target.column == self.data.answer_column:
             # The rows carry that column as the answer: the template does the job.
             raise ValueError(
@@ -64,21 +65,22 @@ class SFT(Run):
     cfg: Config
     plot_keys = ("train/loss", "eval/loss", "eval/reward", "train/padding_fraction")
 
-    async def attach(self, actors: dict) -> None:
+    def __init__(self, cfg: Config, parts: RunParts) -> None:
         """The tokenizer and the batches (the trainer, generators and reward are Run's)."""
-        cfg = self.cfg
+        super().__init__(cfg, parts)
         self.tokenizer = load_tokenizer(cfg.trainer.model)
         examples = SFTExamples(self.data, cfg.target, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
-        self.first_state = await self.state_dict()
+        self.first_state = {"batches": self.batches.state_dict()}
 
-    def open_data(self) -> tuple[PromptDataset, EvalRows | None]:
+    @classmethod
+    def open_data(cls, cfg: Config) -> tuple[PromptDataset, EvalRows | None]:
         """Run's, and the target column checked in the training and the eval rows."""
-        data, held_out = super().open_data()
+        data, held_out = super().open_data(cfg)
         with config_error("target.column"):
-            self.cfg.target.check(data.name, data.columns)
+            cfg.target.check(data.name, data.columns)
             if held_out is not None:
-                self.cfg.target.check(held_out.source, held_out.columns)
+                cfg.target.check(held_out.source, held_out.columns)
         return data, held_out
 
     async def state_dict(self) -> dict:
@@ -114,14 +116,14 @@ class SFT(Run):
         episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
         record_metric("train/padding_fraction", padding_fraction(episodes))
         batch = _split(episodes, self.world)
-        self.log_batch(step, self.version, batch)
+        self.logs.batch(step, self.version, batch)
         # The generators serve only the held-out eval: they get weights when it is due.
         async with self.trainer.turn():  # the step, and eval when due: one turn
             await self.train(batch)
-            if self.evaluator is not None and self._eval_due(step):
-                await self.publish(step)
+            if self.evaluator is not None and self.evaluator.due(step):
+                await self.sync.publish(step, self.version)
                 await self.eval_loss(step)
-        await self.checkpoint(step)
+        await self.lifecycle.checkpoint(step, self.state_dict)
 
     async def eval_loss(self, step: int) -> float:
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""
@@ -145,4 +147,4 @@ def _split(episodes: list[Episode], ranks: int) -> list[list[Episode]]:
 
 
 async def main(cfg: Config) -> None:
-    await SFT(cfg).main()
+    await SFT.main(cfg)

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -36,19 +36,29 @@ LATEST = "latest"
 
 @dataclass
 class CheckpointConfig:
-    """Where and how often to checkpoint.
+    """Whether, how often and where to checkpoint.
 
     Args:
-        folder: None disables checkpointing.
+        enabled: whether a run checkpoints (into its folder's checkpoints/); false: the run
+            cannot be continued.
+        folder: where the trainer writes them; None: nowhere. A run's config derives it
+            (RunConfig: run_dir/checkpoints, or None when not `enabled`), so no yaml sets it;
+            a trainer built on its own (tests, benchmarks) is given it.
         interval: save every this many steps (0: only at the end of the run).
         keep: how many checkpoints to keep (older ones are deleted).
         async_save: write the files in the background while training goes on.
     """
 
+    enabled: bool = True
     folder: str | None = None
     interval: int = 0
     keep: int = 2
     async_save: bool = True
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "folder": "derived: a run's checkpoints live in run_dir/checkpoints; "
+        "trainer.checkpoint.enabled: false turns them off",
+    }
 
     def __post_init__(self) -> None:
         if self.interval < 0 or self.keep < 1:
@@ -146,7 +156,9 @@ class Checkpointer:
         write has started. Returns the seconds the caller was blocked.
         """
         if self.folder is None:
-            raise ValueError("checkpoint.folder is not set: nowhere to save")
+            raise ValueError(
+                "no checkpoint folder (trainer.checkpoint.enabled: false): nowhere to save"
+            )
         start = time.perf_counter()
         self.wait()  # one write at a time: `latest` moves in step order
         target = step_folder(self.folder, step)

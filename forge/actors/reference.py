@@ -10,7 +10,7 @@ As a teacher it can also return, at every completion position, its k most likely
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from monarch.actor import endpoint
@@ -21,7 +21,9 @@ from forge.controller.compute_thread import ComputeThread
 from forge.data.collate import first_position, gather_tokens, pad_sequences
 from forge.models import resolve_model, titan
 
-BACKENDS = ("titan", "vllm")
+# How the frozen model computes its logprobs (module docstring).
+Backend = Literal["titan", "vllm"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 @dataclass
@@ -39,7 +41,7 @@ class ReferenceConfig:
     model: str = "SmolLM2-135M-Instruct"
     temperature: float = 1.0
     max_batch: int = 16
-    backend: Literal["titan", "vllm"] = "titan"
+    backend: Backend = "titan"
     max_model_len: int = 2048
     max_num_seqs: int = 256
     kv_cache_mb: int | None = 256

@@ -2,7 +2,8 @@
 
     buffer = await ReplayBuffer.as_actor(ReplayBufferConfig(batch_size=16, dp_size=2))
     await buffer.add.call_one(episodes)  # whole groups: episodes sharing a group_id
-    batch = await buffer.sample.call_one(curr_policy_version=v)  # 2 lists of 8, or None
+    sampled = await buffer.sample.call_one(curr_policy_version=v, wait_s=60)
+    sampled.batch  # 2 lists of 8 (None: not ready in time)
 
 The unit of sampling, reuse, retirement and eviction is the group (`Episode.group_id`): GRPO
 normalises rewards within a group, so a group split across batches, or partly evicted, trains
@@ -18,13 +19,16 @@ weights that made them are gone. `max_policy_age: 0` is sync mode: only groups o
 version are trainable.
 """
 
+import asyncio
+import contextlib
 import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from monarch.actor import endpoint
+from monarch.actor.concurrent import concurrent_endpoint
 
 from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
@@ -80,8 +84,11 @@ class RandomSampler:
         self._rng.setstate((version, tuple(internal), gauss_next))
 
 
-# Sampling strategies by config name; each factory takes the config's seed.
-SAMPLERS: dict[str, Callable[[int], Sampler]] = {
+# How the buffer chooses a batch's groups (ReplayBufferConfig.sampling).
+Sampling = Literal["fifo", "random"]
+# The sampler of each Sampling, by name; each factory takes the config's seed. Its keys are
+# get_args(Sampling) (tests/unit/test_replay_buffer.py checks it).
+SAMPLERS: dict[Sampling, Callable[[int], Sampler]] = {
     "fifo": lambda seed: FifoSampler(),
     "random": RandomSampler,
 }
@@ -96,21 +103,30 @@ class ReplayBufferConfig:
         batch_size: episodes per training step, over all data-parallel ranks: a multiple of
             the group size (every group added must have the same size).
         dp_size: the trainer's data-parallel ranks; a batch is `dp_size` lists of
-            `batch_size // dp_size` episodes.
+            `batch_size // dp_size` episodes. A run's config derives it from
+            trainer_resources (RLConfig), so no yaml sets it.
         max_policy_age: oldest trainable group, in policy versions behind the trainer's.
             0 is sync mode.
         sampling: "fifo" (oldest groups first) or "random" (uniform over groups, seeded).
         max_reuse: how many batches one group may be in; 1 trains on each group once.
         seed: seeds "random" sampling.
+        sample_timeout_s: how long the trainer waits for a batch before the run fails, naming
+            what the buffer holds (rollouts that stall, or never fill a batch).
     """
 
     capacity: int = 4096
     batch_size: int = 8
     dp_size: int = 1
     max_policy_age: int = 1
-    sampling: Literal["fifo", "random"] = "fifo"
+    sampling: Sampling = "fifo"
     max_reuse: int = 1
     seed: int = 0
+    sample_timeout_s: float = 3600.0
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "dp_size": "derived from trainer_resources (procs x hosts: one list per trainer rank): "
+        "remove it",
+    }
 
     def __post_init__(self) -> None:
         for name in ("capacity", "batch_size", "dp_size", "max_reuse"):
@@ -374,18 +390,42 @@ class ReplayBuffer(ForgeActor):
     def __init__(self, cfg: ReplayBufferConfig | None = None) -> None:
         super().__init__()
         self.buffer = EpisodeBuffer(cfg or ReplayBufferConfig())
+        self._changed = asyncio.Condition()  # notified when groups come, go, or are replaced
 
     @endpoint
     async def add(self, episodes: list[Episode]) -> None:
         """See `EpisodeBuffer.add`."""
         self.buffer.add(episodes)
+        await self._changed_now()
 
-    @endpoint
+    # Concurrent: while it waits for a batch, `add` is served.
+    @concurrent_endpoint
     async def sample(
-        self, curr_policy_version: int, batch_size: int | None = None
-    ) -> list[list[Episode]] | None:
-        """See `EpisodeBuffer.sample`."""
-        return self.buffer.sample(curr_policy_version, batch_size)
+        self,
+        curr_policy_version: int,
+        batch_size: int | None = None,
+        wait_s: float = 0.0,
+        known_left: int | None = None,
+    ) -> "Sampled":
+        """Takes a batch (`EpisodeBuffer.sample`), waiting up to `wait_s` seconds for one.
+
+        Returns early without a batch when more episodes left the buffer (evicted stale or over
+        capacity) than `known_left` (default: as many as when called) and no batch is ready:
+        whoever counts what is buffered (the admission gate) must learn it, or nothing would
+        refill the buffer.
+        """
+        left = left_buffer(self.buffer.stats()) if known_left is None else known_left
+        batch = None
+
+        def ready() -> bool:
+            nonlocal batch
+            batch = self.buffer.sample(curr_policy_version, batch_size)
+            return batch is not None or left_buffer(self.buffer.stats()) > left
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s), self._changed:
+                await self._changed.wait_for(ready)
+        return Sampled(batch, self.buffer.stats())
 
     @endpoint
     @retry_safe
@@ -403,8 +443,38 @@ class ReplayBuffer(ForgeActor):
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """See `EpisodeBuffer.load_state_dict`."""
         self.buffer.load_state_dict(state)
+        await self._changed_now()
 
     @endpoint
     async def clear(self) -> None:
         """See `EpisodeBuffer.clear`."""
         self.buffer.clear()
+        await self._changed_now()
+
+    async def _changed_now(self) -> None:
+        """Wakes a `sample` waiting for a batch, to look again."""
+        async with self._changed:
+            self._changed.notify_all()
+
+
+@dataclass
+class Sampled:
+    """What `ReplayBuffer.sample` returns.
+
+    Args:
+        batch: the batch, or None where none was ready.
+        stats: the buffer's `stats()` once the batch was taken.
+    """
+
+    batch: list[list[Episode]] | None
+    stats: dict[str, int | float | None]
+
+    @property
+    def left(self) -> int:
+        """Episodes that left the buffer so far (`left_buffer` of `stats`)."""
+        return left_buffer(self.stats)
+
+
+def left_buffer(stats: dict[str, Any]) -> int:
+    """Episodes that ever left the buffer: retired after their last use, or evicted."""
+    return stats["retired"] + stats["evicted_stale"] + stats["evicted_capacity"]

@@ -12,43 +12,15 @@ the caller instead of killing a process silently. Monarch 0.7 refuses an actor c
 """
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from monarch.actor import Actor, ProcMesh, endpoint
 
 from forge.controller.provisioner import ProcessConfig, get_provisioner
+from forge.controller.service import Service, ServiceConfig
 from forge.observability.metrics import Accumulator, drain_local
 from forge.placement.cores import apply_forge_cpus, move_to_cores, process_cores
-
-if TYPE_CHECKING:
-    from forge.controller.service import Service, ServiceConfig
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def retry_safe(fn: F) -> F:
-    """Marks an endpoint as safe to run twice, so a service retries it if its replica dies.
-
-    Put it below `@endpoint`:
-
-        @endpoint
-        @retry_safe
-        async def generate(self, prompt): ...
-    """
-    fn.__forge_retry_safe__ = True
-    return fn
-
-
-def is_retry_safe(actor_cls: type, name: str) -> bool:
-    """Whether endpoint `name` of `actor_cls` was marked with `retry_safe`."""
-    fn = getattr(getattr(actor_cls, name, None), "_method", None)
-    while fn is not None:
-        if getattr(fn, "__forge_retry_safe__", False):
-            return True
-        fn = getattr(fn, "__wrapped__", None)
-    return False
 
 
 class ForgeActor(Actor):
@@ -106,8 +78,6 @@ class ForgeActor(Actor):
         Extra keyword arguments go to `ProcessConfig` (gpus_per_proc, cpus_per_proc, group) or
         `ServiceConfig` (max_concurrent, routing, health_interval_s, ...).
         """
-        from forge.controller.service import ServiceConfig
-
         proc_keys = {"gpus_per_proc", "cpus_per_proc", "group"}
         process = ProcessConfig(
             procs=procs,
@@ -128,7 +98,7 @@ class ForgeActor(Actor):
         return await cls.options().as_actor(*args, **kwargs)
 
     @classmethod
-    async def as_service(cls, *args: Any, **kwargs: Any) -> "Service":
+    async def as_service(cls, *args: Any, **kwargs: Any) -> Service:
         """Spawns this actor as a one-replica service; see `ActorOptions.as_service`."""
         return await cls.options().as_service(*args, **kwargs)
 
@@ -144,7 +114,7 @@ class ActorOptions:
 
     actor_cls: type[ForgeActor]
     process: ProcessConfig
-    service: "ServiceConfig"
+    service: ServiceConfig
 
     async def launch(self, *args: Any, **kwargs: Any) -> tuple[Any, ProcMesh]:
         """Starts processes, spawns the actor on every one and awaits its `setup`."""
@@ -168,10 +138,8 @@ class ActorOptions:
         get_provisioner().track_actor(actor, mesh)
         return actor
 
-    async def as_service(self, *args: Any, **kwargs: Any) -> "Service":
+    async def as_service(self, *args: Any, **kwargs: Any) -> Service:
         """Spawns `num_replicas` replicas behind one `Service` handle."""
-        from forge.controller.service import Service
-
         service = Service(self, args, kwargs)
         await service.start()
         return service

@@ -4,7 +4,7 @@ A cell that spawns a service and is run twice would leave the first service's pr
 `replace(name, spawn)` stops what an earlier run of the cell started under `name` first:
 
     workers = await replace("workers", Worker.options(num_replicas=2).as_service())
-    run = await replace("run", GRPO(cfg).start())  # anything with an async close() too
+    run = await replace("run", GRPO.start(cfg))  # anything with an async close() too
 
 Processes do not outlive the kernel: Monarch's processes exit with the process that started
 them, and vLLM engines with their generator.

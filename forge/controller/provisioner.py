@@ -1,29 +1,25 @@
 """The Provisioner: places proc meshes on hosts and stops everything it started.
 
-Three launchers give it hosts: `local` (this machine, `this_host()`), `process` (several
-hosts emulated on this machine by `monarch.job.ProcessJob`, for multi-host tests) and `slurm`
-(`monarch.job.SlurmJob`; inside a job that `forge submit` started, the nodes of that job, see
-`submit.py`). Each proc mesh gets its own devices (see forge/placement/devices.py).
+Three launchers give it hosts (`ProvisionerConfig.launcher`): `local` (this machine,
+`this_host()`), `process` (several hosts emulated on this machine by `monarch.job.ProcessJob`,
+for multi-host tests), both in hosts.py, and `slurm` (`monarch.job.SlurmJob`; inside a job that
+`forge submit` started, the nodes of that job), in slurm/launcher.py. Each proc mesh gets its
+own devices (see forge/placement/devices.py).
 """
 
 import asyncio
-import contextlib
 import logging
 import os
-import random
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import monarch.actor
-from monarch.actor import Actor, HostMesh, ProcMesh, default_bootstrap_cmd, endpoint, this_host
+from monarch.actor import HostMesh, ProcMesh, default_bootstrap_cmd
 
+from forge.controller.hosts import HostLauncher, LocalLauncher, ProcessLauncher
 from forge.controller.monarch_compat import stop_proc_mesh
-from forge.controller.slurm_compat import cancel_with_driver, configure_transport, patch_slurm_job
-from forge.controller.submit import AllocationWorkers, in_allocation
+from forge.controller.slurm.config import SlurmConfig
+from forge.controller.slurm.launcher import SlurmLauncher
 from forge.placement.devices import (
     HostDevices,
     Placement,
@@ -36,39 +32,7 @@ from forge.placement.plan import ClusterShape
 
 logger = logging.getLogger(__name__)
 
-LAUNCHERS = ("local", "process", "slurm")
-# How long a host's Monarch worker may take to accept a connection before the host counts as
-# lost (check_hosts).
-HOST_PROBE_TIMEOUT_S = 5.0
-# How long the job's watcher may take to cancel it at shutdown (an scancel).
-STOP_WATCHER_TIMEOUT_S = 30.0
-# Where rendezvous ports are drawn from (_free_port), and how many to try there.
-_FIRST_PORT = 20000
-_PORT_TRIES = 50
-
-
-@dataclass
-class SlurmConfig:
-    """What to ask SLURM for: one job whose nodes become the provisioner's hosts."""
-
-    partition: str | None = None
-    gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    time: str | None = None  # HH:MM:SS
-    account: str | None = None
-    qos: str | None = None
-    job_name: str = "forge"
-    python_exe: str | None = None  # None: this interpreter
-    extra_args: list[str] = field(default_factory=list)
-    job_start_timeout: int | None = 1800
-    exclusive: bool = True  # whole nodes; False shares them (then size cpus_per_task and mem)
-    port: int = 22222  # where each node's Monarch worker listens
-    log_dir: str | None = None  # for the job's stdout/stderr; None: the current directory
-    # The address this driver listens on for its workers; None: its hostname's. Set it where
-    # the nodes cannot reach that one (a login node whose hostname names another network).
-    driver_address: str | None = None
-    max_requeues: int = 3  # forge submit: times a job requeues itself after a lost node
+Launcher = Literal["local", "process", "slurm"]
 
 
 @dataclass
@@ -76,7 +40,7 @@ class ProvisionerConfig:
     """Where proc meshes run.
 
     Args:
-        launcher: "local", "process" or "slurm".
+        launcher: "local", "process" or "slurm" (see `host_launcher`).
         hosts: hosts to emulate ("process") or nodes to allocate ("slurm"); "local" has one.
         gpus_per_host: None counts the GPUs torch sees here (or slurm.gpus_per_node).
         cpus_per_host: None uses the cores this process may run on.
@@ -84,7 +48,7 @@ class ProvisionerConfig:
             (Monarch's stop can wait forever, e.g. on a host whose agent died).
     """
 
-    launcher: str = "local"
+    launcher: Launcher = "local"
     hosts: int = 1
     gpus_per_host: int | None = None
     cpus_per_host: int | None = None
@@ -92,20 +56,25 @@ class ProvisionerConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
-        if self.launcher == "local" and self.hosts != 1:
-            raise ValueError(f"launcher 'local' has exactly one host, got hosts={self.hosts}")
+        self.host_launcher()  # refuses an unknown launcher, or hosts it cannot have
 
-    @property
-    def on_slurm(self) -> bool:
-        """Whether the run's hosts are SLURM nodes (the slurm launcher)."""
-        return self.launcher == "slurm"
+    def host_launcher(self) -> HostLauncher:
+        """A new launcher of the kind `launcher` names, for `hosts` hosts: the one place that
+        reads the name. Its constructor refuses hosts it cannot have (ValueError)."""
+        match self.launcher:
+            case "local":
+                return LocalLauncher(self.hosts)
+            case "process":
+                return ProcessLauncher(self.hosts)
+            case "slurm":
+                return SlurmLauncher(self.hosts, self.slurm)
+        raise ValueError(f"launcher must be one of {get_args(Launcher)}, got {self.launcher!r}")
 
     @property
     def nodes(self) -> int:
-        """The nodes a run needs: the slurm launcher's hosts; other launchers run on one."""
-        return self.hosts if self.on_slurm else 1
+        """The nodes a run needs: the hosts of a launcher whose hosts are separate machines
+        (slurm); the others run on one."""
+        return self.hosts if self.host_launcher().spans_nodes else 1
 
     def cluster_shape(self) -> ClusterShape:
         """The hosts the Provisioner sees: `gpus_per_host` (else SLURM's `gpus_per_node`, else
@@ -113,7 +82,7 @@ class ProvisionerConfig:
         which the Provisioner also takes for every host)."""
         gpus = self.gpus_per_host
         if gpus is None:
-            gpus = (self.slurm.gpus_per_node or 0) if self.on_slurm else _local_gpu_count()
+            gpus = self.host_launcher().gpus_per_host()
         cpus = self.cpus_per_host
         if cpus is None:
             cpus = len(os.sched_getaffinity(0))
@@ -151,39 +120,6 @@ class Stoppable(Protocol):
     async def shutdown(self) -> None: ...
 
 
-class _HostInfo(Actor):
-    """Reports a host's name and a free port there, for MASTER_ADDR/MASTER_PORT."""
-
-    @endpoint
-    async def info(self) -> tuple[str, int]:
-        return socket.getfqdn(), _free_port()
-
-
-def _free_port() -> int:
-    """A port free now, below the kernel's ephemeral range where there is room.
-
-    The trainer's processes bind it only once they have started: a port from the ephemeral
-    range (what binding port 0 gives) may meanwhile be taken by any outgoing connection on the
-    host, one below it only by another explicit choice.
-    """
-    for port in random.sample(range(_FIRST_PORT, _ephemeral_low()), k=_PORT_TRIES):
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind(("", port))
-            return port
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def _ephemeral_low() -> int:
-    """The first port of the ephemeral range (Linux's default where it cannot be read)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return max(low, _FIRST_PORT + _PORT_TRIES)
-
-
 def first_line(error: BaseException) -> str:
     """The first line of an error's message, or its type's name if it has none."""
     return (str(error).splitlines() or [type(error).__name__])[0]
@@ -206,8 +142,7 @@ class Provisioner:
 
     def __init__(self, cfg: ProvisionerConfig | None = None) -> None:
         self.cfg = cfg or ProvisionerConfig()
-        self._job: Any = None
-        self._job_watcher: subprocess.Popen | None = None  # cancels a SlurmJob if we die
+        self._launcher = self.cfg.host_launcher()
         self._host_mesh: HostMesh | None = None
         self._devices: list[HostDevices] = []
         # name -> the group's placement, and each member mesh name's view of its devices
@@ -220,58 +155,16 @@ class Provisioner:
         self.placed = 0  # proc meshes placed so far, in the order they asked
         self._placed_more = asyncio.Condition()
         monarch.actor.unhandled_fault_hook = _log_fault
-        if self.cfg.launcher == "slurm":
-            # Before this process's first Monarch proc (torchstore's may come before any mesh):
-            # one on a local socket could not be answered from another node.
-            configure_transport(self.cfg.slurm.driver_address)
+        self._launcher.prepare()
 
     def _start_hosts(self) -> None:
         cfg = self.cfg
-        names = [f"host{i}" for i in range(cfg.hosts)]
-        if cfg.launcher == "local":
-            self._host_mesh = this_host()
-        elif cfg.launcher == "slurm" and in_allocation():
-            python = cfg.slurm.python_exe or sys.executable
-            self._job = AllocationWorkers(cfg.hosts, cfg.slurm.port, python)
-            self._host_mesh, names = self._job.hosts, self._job.nodes
-        else:
-            self._job = self._make_job()
-            if cfg.launcher == "slurm":
-                self._job.apply()  # submitted: watched while it waits in the queue too
-                self._job_watcher = cancel_with_driver(self._job)
-            self._host_mesh = self._job.state(cached_path=None).hosts
-        gpus = cfg.gpus_per_host
-        if gpus is None:
-            gpus = cfg.slurm.gpus_per_node if cfg.launcher == "slurm" else _local_gpu_count()
+        self._host_mesh, names = self._launcher.start()
+        gpus = cfg.cluster_shape().gpus_per_host
         cpus = tuple(sorted(os.sched_getaffinity(0)))
         if cfg.cpus_per_host is not None:
             cpus = tuple(range(cfg.cpus_per_host))
-        self._devices = [HostDevices(name, gpus or 0, cpus) for name in names]
-
-    def _make_job(self) -> Any:
-        from monarch.job import ProcessJob, SlurmJob
-
-        if self.cfg.launcher == "process":
-            return ProcessJob({"hosts": self.cfg.hosts})
-        s = self.cfg.slurm
-        job = SlurmJob(
-            {"hosts": self.cfg.hosts},
-            python_exe=s.python_exe or sys.executable,
-            slurm_args=s.extra_args,
-            monarch_port=s.port,
-            log_dir=s.log_dir,
-            exclusive=s.exclusive,
-            job_name=s.job_name,
-            time_limit=s.time,
-            partition=s.partition,
-            gpus_per_node=s.gpus_per_node,
-            cpus_per_task=s.cpus_per_task,
-            mem=s.mem,
-            account=s.account,
-            qos=s.qos,
-            job_start_timeout=s.job_start_timeout,
-        )
-        return patch_slurm_job(job, s.driver_address)
+        self._devices = [HostDevices(name, gpus, cpus) for name in names]
 
     async def reserve_group(self, name: str, *, hosts: int, gpus: int, cpus: int) -> Placement:
         """Reserves `gpus` GPUs and `cpus` cores on each of `hosts` hosts for meshes that
@@ -319,11 +212,9 @@ class Provisioner:
             async with self._placed_more:
                 self._placed_more.notify_all()
         try:
-            hosts = self._hosts_slice(placement)
-            if self.cfg.launcher != "local":
-                placement = await self._with_master(hosts, placement)
-            else:
-                placement = _replace_port(placement, _free_port())
+            hosts = self._launcher.select(self._host_mesh, placement.hosts)
+            addr, port = await self._launcher.rendezvous(hosts)
+            placement = replace(placement, master_addr=addr, master_port=port)
             gpu_host = self._devices[placement.hosts[0]].gpus > 0
 
             def command(point: Any) -> Any:
@@ -344,20 +235,6 @@ class Provisioner:
         """Returns once `count` proc meshes have been placed (`placed`), started or not."""
         async with self._placed_more:
             await self._placed_more.wait_for(lambda: self.placed >= count)
-
-    def _hosts_slice(self, placement: Placement) -> HostMesh:
-        if self.cfg.launcher == "local":
-            return self._host_mesh
-        first, last = placement.hosts[0], placement.hosts[-1]
-        return self._host_mesh.slice(hosts=slice(first, last + 1))
-
-    async def _with_master(self, hosts: HostMesh, placement: Placement) -> Placement:
-        probe = hosts.slice(hosts=0).spawn_procs(per_host={"procs": 1}, name="hostinfo")
-        try:
-            addr, port = await probe.spawn("hostinfo", _HostInfo).info.call_one()
-        finally:
-            await probe.stop()
-        return _replace_port(placement, port, addr)
 
     async def stop_procs(self, mesh: ProcMesh) -> None:
         """Stops a proc mesh started by `spawn_procs` and frees its devices.
@@ -409,20 +286,18 @@ class Provisioner:
     async def check_hosts(self, mesh: Any) -> None:
         """Raises HostLostError if a host that `mesh` (a proc mesh or an `as_actor` handle)
         runs on no longer answers. Only workers this provisioner started on the nodes of its
-        own SLURM job (`forge submit`) are probed; other hosts pass unchecked.
+        own SLURM job (`forge submit`) are probed; other hosts pass unchecked
+        (`HostLauncher.lost`).
         """
         entry = self._meshes.get(id(self._actors.get(id(mesh), mesh)))
-        if entry is None or not isinstance(self._job, AllocationWorkers):
+        if entry is None:
             return
         for h in entry[1].hosts:
             if h not in self._lost:  # once lost, lost for good: it is not probed again
-                node, port = self._job.addresses[h]
-                why = await asyncio.to_thread(_unreachable, node, port)
+                why = await self._launcher.lost(h)
                 if why is None:
                     continue
-                self._lost[h] = HostLostError(
-                    f"node {node} lost: its Monarch worker at {node}:{port} {why}"
-                )
+                self._lost[h] = HostLostError(why)
             raise self._lost[h]
 
     def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
@@ -475,40 +350,11 @@ class Provisioner:
         for group, _ in self._groups.values():
             release(self._devices, group)
         self._groups.clear()
-        try:
-            if self._job is not None:
-                self._job.kill()
-                self._job = None
-        finally:
-            if self._job_watcher is not None:
-                self._job_watcher.stdin.close()  # it cancels the job (again) and exits
-                await asyncio.to_thread(self._job_watcher.wait, STOP_WATCHER_TIMEOUT_S)
-                self._job_watcher = None
+        await self._launcher.stop()
         self._host_mesh = None
         errors = [e for e in stopped if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
-
-
-def _unreachable(host: str, port: int) -> str | None:
-    """Why nothing accepts a connection at host:port (None: something does)."""
-    try:
-        socket.create_connection((host, port), timeout=HOST_PROBE_TIMEOUT_S).close()
-    except TimeoutError:
-        return f"did not answer in {HOST_PROBE_TIMEOUT_S:.0f}s"
-    except OSError as e:
-        return f"is unreachable ({e.strerror or e})"
-    return None
-
-
-def _replace_port(placement: Placement, port: int, addr: str = "localhost") -> Placement:
-    return replace(placement, master_addr=addr, master_port=port)
-
-
-def _local_gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 _provisioner: Provisioner | None = None

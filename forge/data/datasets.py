@@ -32,7 +32,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from forge.data.rewards import ANSWER_INSTRUCTION
 from forge.data.tables import DatasetError, load_table, malformed_rows, require_columns
@@ -45,6 +45,10 @@ Messages = list[dict[str, str]]
 REASONING_GYM_SIZE = 10_000  # rows a reasoning-gym task generates when `size` is unset
 # A reasoning-gym row's columns: what reasoning-gym's own scorer reads.
 REASONING_GYM_COLUMNS = ("question", "answer", "metadata")
+# Where rows come from (DataConfig.source), and what a malformed local/hf row does
+# (DataConfig.on_bad_row).
+Source = Literal["reasoning_gym", "local", "hf"]
+OnBadRow = Literal["raise", "skip"]
 
 
 @dataclass
@@ -95,7 +99,7 @@ class DataConfig:
         template: how a question string becomes chat messages.
     """
 
-    source: Literal["reasoning_gym", "local", "hf"] = "reasoning_gym"
+    source: Source = "reasoning_gym"
     task: str = "basic_arithmetic"
     config: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
@@ -106,7 +110,7 @@ class DataConfig:
     size: int | None = None
     seed: int = 0
     shuffle: bool = True
-    on_bad_row: Literal["raise", "skip"] = "raise"
+    on_bad_row: OnBadRow = "raise"
     cache_dir: str | None = None
     template: PromptTemplate = field(default_factory=PromptTemplate)
 
@@ -118,10 +122,12 @@ class DataConfig:
     }
 
     def __post_init__(self) -> None:
-        if self.source not in ("reasoning_gym", "local", "hf"):
-            raise ValueError(f"source must be reasoning_gym, local or hf, got {self.source!r}")
-        if self.on_bad_row not in ("raise", "skip"):
-            raise ValueError(f"on_bad_row must be 'raise' or 'skip', got {self.on_bad_row!r}")
+        if self.source not in get_args(Source):
+            raise ValueError(f"source must be one of {get_args(Source)}, got {self.source!r}")
+        if self.on_bad_row not in get_args(OnBadRow):
+            raise ValueError(
+                f"on_bad_row must be one of {get_args(OnBadRow)}, got {self.on_bad_row!r}"
+            )
         reads_path = self.source in ("local", "hf")
         if reads_path and not self.path:
             raise ValueError(f"source {self.source} needs path")

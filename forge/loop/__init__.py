@@ -6,6 +6,7 @@ from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.rl import RLLoop
 from forge.loop.run import Run
 from forge.loop.run_folder import RunFinished, RunFolderError
+from forge.loop.startup import RunParts
 from forge.loop.trainer_handle import TrainerDied, TrainerHandle
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "RunConfig",
     "RunFinished",
     "RunFolderError",
+    "RunParts",
     "TrainerDied",
     "TrainerHandle",
 ]

@@ -1,6 +1,7 @@
 """The config fields every app shares: where the run lives, its actors, their placement, eval."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from forge.actors.dataset import DatasetActor
@@ -13,7 +14,10 @@ from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
 from forge.loop.record import RecordConfig
+from forge.loop.run_folder import CHECKPOINTS
+from forge.losses import ObjectiveName
 from forge.observability import MetricsConfig
+from forge.placement.plan import PlacementChoice
 from forge.placement.roles import Resources, Role
 from forge.weights.sync_config import WeightSyncConfig
 
@@ -80,6 +84,9 @@ class EvalConfig:
 class RunConfig:
     """What every app's config holds; an app's own Config subclasses it (or RLConfig).
 
+    The trainer's objective is the app's (`OBJECTIVE`), and its checkpoints go into
+    run_dir/checkpoints (`trainer.checkpoint.enabled`): `__post_init__` fills both in.
+
     Args:
         run_dir: the run's folder: its config, metrics, plot, trained-episode log, checkpoints,
             export. It identifies the run (forge/loop/run_folder.py).
@@ -119,7 +126,7 @@ class RunConfig:
     seed: int = 0
     export_hf: bool = True
     export_merged: bool = False
-    placement: Literal["auto", "colocated", "split"] = "auto"
+    placement: PlacementChoice = "auto"
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
@@ -136,6 +143,20 @@ class RunConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "dataset": "renamed to data (one data section for every app: docs/data.md)"
     }
+    # The trainer's objective (trainer.objective): the app's, set by its Config. None here:
+    # a run folder's saved config, read as RunConfig (forge replay), keeps the one it ran with.
+    OBJECTIVE: ClassVar[ObjectiveName | None] = None
+
+    def __post_init__(self) -> None:
+        if self.OBJECTIVE is not None:
+            self.trainer.objective = self.OBJECTIVE
+        checkpoint = self.trainer.checkpoint
+        checkpoint.folder = str(Path(self.run_dir) / CHECKPOINTS) if checkpoint.enabled else None
+
+    @property
+    def trainer_ranks(self) -> int:
+        """The trainer's data-parallel ranks: procs x hosts, each trains an equal share."""
+        return self.trainer_resources.procs * (self.trainer_resources.hosts or 1)
 
     def roles(self) -> list[Role]:
         """The run's roles, in placement order: the trainer; the generators (and the
@@ -174,6 +195,7 @@ class RLConfig(RunConfig):
         mode: "async" (rollouts and training overlap, bounded by buffer.max_policy_age) or
             "sync" (generate a batch, then train on it).
         group_size: samples per prompt.
+        buffer: the replay buffer; `__post_init__` fills in its dp_size, the trainer's ranks.
     """
 
     mode: Mode = "async"
@@ -186,11 +208,27 @@ class RLConfig(RunConfig):
         return self.mode == "async"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.buffer.batch_size % self.group_size:
             raise ValueError(
                 f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "
                 f"{self.group_size}: a batch holds whole groups"
             )
+        self._deal_batches_to_trainer_ranks()
+
+    def _deal_batches_to_trainer_ranks(self) -> None:
+        """The buffer deals each batch out to the trainer's ranks (procs x hosts), an equal
+        list each: buffer.dp_size is their number."""
+        t, ranks = self.trainer_resources, self.trainer_ranks
+        if ranks < 1:
+            return  # the plan refuses such resources, naming their key
+        if self.buffer.batch_size % ranks:
+            raise ValueError(
+                f"buffer.batch_size {self.buffer.batch_size} must be a multiple of "
+                f"trainer_resources.procs {t.procs} x trainer_resources.hosts {t.hosts or 1} = "
+                f"{ranks} trainer ranks: each trains an equal share"
+            )
+        self.buffer.dp_size = ranks
 
     def roles(self) -> list[Role]:
         return [

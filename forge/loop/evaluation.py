@@ -73,17 +73,31 @@ class Evaluator:
     Args:
         rows: the held-out dataset rows (forge.data.datasets layout).
         episodes: plays and scores the episodes (its generators take the colocated turn).
-        max_tokens: generation budget per turn.
+        cfg: the eval section (its `interval` and per-turn `max_tokens`).
+        last_step: the run's last step, whose weights are always evaluated.
         path: the eval.jsonl file (appended).
     """
 
-    def __init__(self, rows: list[dict], episodes: Episodes, max_tokens: int, path: Path) -> None:
+    def __init__(
+        self, rows: list[dict], episodes: Episodes, cfg: EvalConfig, last_step: int, path: Path
+    ) -> None:
         self.rows = rows
         self.episodes = episodes
-        self.sampling = {"temperature": 0.0, "max_tokens": max_tokens}
+        self.sampling = {"temperature": 0.0, "max_tokens": cfg.max_tokens}
+        self.interval = cfg.interval
+        self.last_step = last_step
         self.path = path
         self.task: asyncio.Task | None = None
         self.results: list[dict[str, Any]] = []
+
+    def due(self, step: int) -> bool:
+        """Whether the weights of `step` are evaluated: every `interval` steps, and the last."""
+        return step % self.interval == 0 or step == self.last_step
+
+    def updated(self, step: int, version: int) -> None:
+        """The generators hold `version`, trained at `step`: evaluates it if due."""
+        if self.due(step):
+            self.start(step, version)
 
     def start(self, step: int, version: int) -> bool:
         """Starts evaluating `version` unless an evaluation is still running; says whether."""

@@ -25,7 +25,8 @@ def plan_run(cfg: RunConfig, shape: ClusterShape | None = None) -> Plan:
 
 
 def _check_trainer(cfg: RunConfig) -> None:
-    """One trainer whose ranks match the data split, its parallelism and its transport."""
+    """One trainer, whose ranks its tensor parallelism divides and its transport reaches (the
+    replay buffer's data split follows its ranks: RLConfig)."""
     t = cfg.trainer_resources
     hosts = t.hosts or 1
     world = t.procs * hosts
@@ -35,9 +36,6 @@ def _check_trainer(cfg: RunConfig) -> None:
             f"trainer_resources.num_replicas must be 1 (one trainer: scale it with procs and "
             f"hosts), got {t.num_replicas}"
         )
-    buffer = getattr(cfg, "buffer", None)  # RL apps: the replay buffer deals one list per rank
-    if buffer is not None and buffer.dp_size != world:
-        raise PlanError(f"buffer.dp_size {buffer.dp_size} != {ranks} trainer ranks")
     if world % cfg.trainer.tensor_parallel:
         raise PlanError(
             f"trainer.tensor_parallel {cfg.trainer.tensor_parallel} does not divide {ranks} ranks"

@@ -13,16 +13,19 @@ the digest of the trained parameters before and after it, and the trainer's thre
     record.read(step)                       # -> StepRecord
 """
 
+import asyncio
 import dataclasses
 import gzip
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from forge.data.completion import Completion
 from forge.data.episode import Episode
+from forge.observability import record_metric
 
 FOLDER = "batches"
 
@@ -125,6 +128,13 @@ class BatchRecord:
             for old in self.steps()[: -self.cfg.last_n]:
                 self.path(old).unlink(missing_ok=True)
         return target.stat().st_size
+
+    async def write_off_loop(self, record: StepRecord) -> None:
+        """`write` on a thread, its seconds and bytes recorded under record/."""
+        start = time.perf_counter()
+        size = await asyncio.to_thread(self.write, record)
+        record_metric("record/write_s", time.perf_counter() - start)
+        record_metric("record/bytes", size)
 
     def read(self, step: int) -> StepRecord:
         """The record of `step`.

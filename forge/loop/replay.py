@@ -123,6 +123,17 @@ def replay_steps(record: BatchRecord, checkpoints: Path | None, step: int | None
     return ReplaySteps(start, end, compare_from=1 if step is None else end)
 
 
+def how_to_replay(record: BatchRecord, checkpoints: Path | None, step: int) -> str:
+    """The command that replays `step` of the run `record` belongs to, or why there is none."""
+    if not record.enabled:
+        return "record.batches is off: it cannot be replayed"
+    try:
+        replay_steps(record, checkpoints, step)
+    except ReplayError as e:
+        return f"it cannot be replayed: {e}"
+    return f"replay it: forge replay {record.folder.parent} --step {step}"
+
+
 def read(record: BatchRecord, step: int) -> StepRecord:
     """`record.read(step)`, its failure a ReplayError."""
     try:
@@ -159,8 +170,7 @@ class Replay:
     @property
     def world(self) -> int:
         """The trainer's data-parallel ranks."""
-        t = self.cfg.trainer_resources
-        return t.procs * (t.hosts or 1)
+        return self.cfg.trainer_ranks
 
     @classmethod
     def prepare(

@@ -11,10 +11,12 @@ it): the baseline async mode is measured against, and the same data as async mod
 """
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+from forge.actors.replay_buffer import Sampled, left_buffer
 from forge.controller.service import ReplicasLostError
 from forge.data.admission import AdmissionGate
 from forge.data.episode import Episode
@@ -22,6 +24,7 @@ from forge.envs.episode import EpisodeOutcome
 from forge.loop.config import RLConfig, overlaps
 from forge.loop.episodes import FAILED, record_outcomes
 from forge.loop.run import Run
+from forge.loop.startup import RunParts
 from forge.loop.trainer_handle import TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
@@ -35,33 +38,30 @@ class RLLoop(Run):
 
     cfg: RLConfig
 
-    def __init__(self, cfg: RLConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: RLConfig, parts: RunParts) -> None:
+        super().__init__(cfg, parts)
+        self.buffer, self.dataset = parts.actors["buffer"], parts.actors["dataset"]
         self.groups = 0  # groups taken so far: group k gets prompt k and seed k
         self.in_flight: set[int] = set()  # groups taken, not yet in the buffer
         self.redo: list[int] = []  # groups whose rollout was stopped: taken again first
         self.delivering = asyncio.Lock()  # held while a group enters the buffer
         self.left_reported = 0  # episodes reported to the gate as gone from the buffer
+        self.left_taken = 0  # those gone once the last batch was taken (reported after it)
         self.stop = asyncio.Event()
         self.gate = AdmissionGate(cfg.buffer.batch_size, cfg.buffer.max_policy_age, cfg.group_size)
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
         self.step_ended = 0.0
 
-    async def attach(self, actors: dict[str, Any]) -> None:
-        """The replay buffer and the dataset; apps call this first when they add their own."""
-        self.buffer, self.dataset = actors["buffer"], actors["dataset"]
-
     # --- placement ----------------------------------------------------------------------------
 
-    async def start(self) -> "RLLoop":
-        await super().start()
+    async def begin(self) -> None:
+        await super().begin()
         bound = self.placer.max_policy_age(self.gate.max_policy_age)
         if self.cfg.asynchronous and bound < self.gate.max_policy_age:
             self.gate.lower_max_policy_age(bound)  # colocated: async runs as sync does
         # Batches may be a version old: the generators' move need not hold up the trainer.
-        self.overlap_updates = overlaps(self.cfg.mode, self.gate.max_policy_age)
-        return self
+        self.sync.overlap = overlaps(self.cfg.mode, self.gate.max_policy_age)
 
     async def fit_placement(self) -> None:
         """The placer predicts the placement's cost on this machine and, under
@@ -71,9 +71,9 @@ class RLLoop(Run):
         work = Workload(
             rollouts=self._calibration_rollouts,
             train_costs=self._train_costs,
-            sync_away=self._sync_away,
-            sync_back=self.sync_generators,
-            forget_records=self.logger.discard,
+            sync_away=lambda: self.sync.away(self.version + 1),
+            sync_back=lambda: self.sync.sync(self.version),
+            forget_records=self.logs.discard,
         )
         age = cfg.buffer.max_policy_age
         await self.placer.fit(
@@ -93,9 +93,8 @@ class RLLoop(Run):
         groups = groups or cfg.buffer.batch_size // cfg.group_size
 
         async def one(group: int) -> list[Episode]:
-            row = await self.dataset.nth.call_one(group)
             try:
-                return await self.play_group(group, row, seed_base + group * cfg.group_size)
+                return await self.play_row(group, seed_base + group * cfg.group_size)
             except GroupFailed:
                 return []  # a group a run would drop is not timed either
 
@@ -104,11 +103,6 @@ class RLLoop(Run):
     async def _train_costs(self, episodes: list[Episode]) -> dict[str, float]:
         """The trainer's timed passes on `episodes`, dealt to its data-parallel ranks."""
         return await self.trainer.calibrate([episodes[r :: self.world] for r in range(self.world)])
-
-    async def _sync_away(self) -> None:
-        """A scratch version of the same weights, published and taken by every generator."""
-        await self.trainer.push_weights(self.version + 1)
-        await self.generator.update_weights(self.version + 1)
 
     # --- rollouts -----------------------------------------------------------------------------
 
@@ -144,7 +138,7 @@ class RLLoop(Run):
         await self.buffer.load_state_dict.call_one(state["buffer"])
         # Buffered episodes count against the admission gate as they did before the stop.
         stats = await self.buffer.stats.call_one()
-        self.left_reported = _left_buffer(stats)
+        self.left_reported = self.left_taken = left_buffer(stats)
         self.gate.restore(stats["size"])
 
     async def rollout(self, group: int) -> list[Episode]:
@@ -154,12 +148,16 @@ class RLLoop(Run):
             GroupFailed: an episode was cut short by its environment (it raised or hung); the
                 whole group is dropped, so its advantages never rest on a partial group.
         """
-        row = await self.dataset.nth.call_one(group)
         seed = self.cfg.seed * 1_000_003 + group * self.cfg.group_size
         # Scoring in the same turn: a teacher model's pass must not run while a colocated
         # trainer does.
         async with self.generator.turn():
-            episodes = await self.play_group(group, row, seed)
+            return await self.play_row(group, seed)
+
+    async def play_row(self, group: int, seed: int) -> list[Episode]:
+        """Group `group`'s episodes: dataset row `group`, played and scored (`play_group`)."""
+        row = await self.dataset.nth.call_one(group)
+        episodes = await self.play_group(group, row, seed)
         for episode in episodes:
             episode.row = row["index"]
         return episodes
@@ -206,7 +204,8 @@ class RLLoop(Run):
                 await self.gate.finished(self.cfg.group_size, kept=0)
                 failures += 1
                 _report_failed(group, e, failures)
-                await asyncio.sleep(min(2.0**failures, 30.0))
+                with contextlib.suppress(TimeoutError):  # a back-off that a stop ends
+                    await asyncio.wait_for(self.stop.wait(), min(2.0**failures, 30.0))
                 continue
             failures = 0
             # Shielded: once scored, a group reaches the buffer and the gate's count even if
@@ -253,46 +252,74 @@ class RLLoop(Run):
     async def train_step(self, step: int) -> dict[str, float]:
         """Waits for a fresh batch, trains on it, and moves every generator to the new weights."""
         waited = time.perf_counter()
-        while (batch := await self.buffer.sample.call_one(self.version)) is None:
-            _raise_if_failed(self.workers)
-            # Evicted groups make room for the rollouts that refill the buffer.
-            await self.report_consumed()
-            await asyncio.sleep(0.05)
+        sampled = await self.next_batch()
         # Whatever order concurrent groups finished in, train on them in a fixed order.
         batch = [
-            sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-")))) for rank in batch
+            sorted(rank, key=lambda e: tuple(map(int, e.episode_id.split("-"))))
+            for rank in sampled.batch
         ]
         record_metric("train/batch_wait_s", time.perf_counter() - waited)
-        self.log_batch(step, self.version, batch)
+        self.logs.batch(step, self.version, batch)
         async with self.trainer.turn():  # the step and the generators' update: one turn
             start = time.perf_counter()
             metrics = await self.train(batch, policy_version=self.version)
-            busy = time.perf_counter() - start + await self.publish(step)
-        after = await self.report_consumed()
+            busy = time.perf_counter() - start + await self.sync.publish(step, self.version)
+        await self.report_left(self.left_taken)
         wall = time.perf_counter() - waited
         # Idle: waiting for a batch, or for the generators to take new weights.
         record_metric("train/idle_fraction", 1 - busy / wall)
         record_metric("train/step_s", wall)
-        record_metric("buffer/size", after["size"])
-        for key in ("evicted_stale", "evicted_newer", "groups_dropped"):  # running totals
-            record_metric(f"buffer/{key}", after[key], Reduce.MAX)
-        for key in ("policy_age_min", "policy_age_mean", "policy_age_max"):
-            record_metric(f"buffer/{key}", after[key] or 0)
+        _record_buffer(sampled.stats)
         return metrics
 
-    async def report_consumed(self) -> dict[str, Any]:
-        """Tells the gate which episodes left the buffer since the last report (trained for the
-        last time, or evicted), making room for rollouts; returns the buffer's stats."""
-        stats = await self.buffer.stats.call_one()
-        if self.cfg.asynchronous:
-            await self.gate.consumed(_left_buffer(stats) - self.left_reported)
-            self.left_reported = _left_buffer(stats)
-        return stats
+    async def next_batch(self) -> Sampled:
+        """The buffer's next batch for the trainer's version, waited for; groups evicted
+        meanwhile are reported to the gate at once, so rollouts refill the buffer.
+
+        Raises:
+            TimeoutError: no batch within `buffer.sample_timeout_s`, naming what the buffer
+                and the gate hold.
+            Exception: a rollout worker's error, if one failed while the trainer waited.
+        """
+        deadline = time.monotonic() + self.cfg.buffer.sample_timeout_s
+        while (sampled := await self._sample(deadline - time.monotonic())).batch is None:
+            await self.report_left(sampled.left)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"no batch of {self.cfg.buffer.batch_size} episodes for policy version "
+                    f"{self.version} within buffer.sample_timeout_s "
+                    f"{self.cfg.buffer.sample_timeout_s}s: the buffer holds "
+                    f"{sampled.stats['size']}, the gate counts {self.gate.buffered} buffered and "
+                    f"{self.gate.in_flight} in flight"
+                )
+        self.left_taken = sampled.left  # reported once the new weights are on the generators
+        return sampled
+
+    async def _sample(self, wait_s: float) -> Sampled:
+        """The buffer's `sample`, unless a rollout worker fails first: its error is raised."""
+        call = asyncio.ensure_future(
+            self.buffer.sample.call_one(
+                self.version, wait_s=max(wait_s, 0.0), known_left=self.left_reported
+            )
+        )
+        await asyncio.wait([call, *self.workers], return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            _raise_if_failed(self.workers)
+            raise RuntimeError("the rollout workers stopped while the trainer waited for a batch")
+        return call.result()
+
+    async def report_left(self, left: int) -> None:
+        """Tells the gate that the buffer's episodes that ever left it (trained for the last
+        time, or evicted) are `left`, making room for rollouts."""
+        if self.cfg.asynchronous and left > self.left_reported:
+            await self.gate.consumed(left - self.left_reported)
+        self.left_reported = max(left, self.left_reported)
 
     async def restart_trainer(self, error: TrainerDied) -> None:
         await super().restart_trainer(error)
         # The batch the dead trainer took is gone; the generators are on the restored weights.
-        await self.report_consumed()
+        await self.report_left(self.left_taken)
 
     async def run(self) -> None:
         try:
@@ -329,7 +356,7 @@ class RLLoop(Run):
                 if not self.cfg.asynchronous:
                     await self.sync_rollouts()
                 await self.train_step(step)
-                await self.checkpoint(step)
+                await self.lifecycle.checkpoint(step, self.state_dict)
             except TrainerDied as e:
                 await self.restart_trainer(e)  # back at its checkpoint: those steps again
                 continue
@@ -365,8 +392,13 @@ def _report_failed(group: int, error: Exception, failures: int) -> None:
         raise RuntimeError(f"{failures} rollouts failed in a row: {message}") from error
 
 
-def _left_buffer(stats: dict[str, Any]) -> int:
-    return stats["retired"] + stats["evicted_stale"] + stats["evicted_capacity"]
+def _record_buffer(stats: dict[str, Any]) -> None:
+    """The buffer's size and running totals once a batch was taken, and that batch's ages."""
+    record_metric("buffer/size", stats["size"])
+    for key in ("evicted_stale", "evicted_newer", "groups_dropped"):  # running totals
+        record_metric(f"buffer/{key}", stats[key], Reduce.MAX)
+    for key in ("policy_age_min", "policy_age_mean", "policy_age_max"):
+        record_metric(f"buffer/{key}", stats[key] or 0)
 
 
 def _raise_if_failed(workers: list[asyncio.Future]) -> None:

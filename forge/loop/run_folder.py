@@ -23,6 +23,7 @@ from forge.config import ConfigError
 from forge.loop.record import BatchRecord
 
 CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"  # the folder of the run's checkpoints (trainer.checkpoint.enabled)
 # The logs that hold one record per step (or per eval): {"step": n, ...} per line.
 STEP_LOGS = ("metrics.jsonl", "eval.jsonl", "trained_episodes.jsonl", "timeline.jsonl")
 # Keys a continued run may change: its length, how it was asked to start, and what the
@@ -72,7 +73,7 @@ class RunFolder:
             if self.checkpoints is None:
                 raise RunFolderError(
                     f"run folder {self.path} already holds a run, which cannot be continued "
-                    "without trainer.checkpoint.folder: choose another run_dir or delete it"
+                    "with trainer.checkpoint.enabled false: choose another run_dir or delete it"
                 )
             self._check_same_run(cfg)
         step = self.checkpoint_step

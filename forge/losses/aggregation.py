@@ -10,13 +10,13 @@ These reduce over the tensors they are given. Under gradient accumulation or dat
 the normaliser (token count, sequence count) is that of the micro-batch.
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 Aggregation = Literal["token_mean", "sequence_mean", "sequence_sum_norm"]
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "sequence_mean", "sequence_sum_norm")
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

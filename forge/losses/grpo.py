@@ -2,7 +2,7 @@
 optional importance-sampling correction of the generator/trainer mismatch."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -12,7 +12,7 @@ from forge.losses.importance import masked_is_weights, mismatch_kl, truncated_is
 from forge.losses.kl import kl_k3
 
 ISCorrection = Literal["none", "tis", "mis"]
-IS_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis")
+IS_CORRECTIONS: tuple[str, ...] = get_args(ISCorrection)
 
 
 @dataclass

@@ -108,7 +108,9 @@ def sft_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str
     return sft_loss(x.logprobs, x.mask, cfg.aggregation, cfg.norm_length)
 
 
-OBJECTIVES: dict[str, Objective] = {
+# The objective of each ObjectiveName; its keys are get_args(ObjectiveName)
+# (tests/unit/test_objectives.py checks it).
+OBJECTIVES: dict[ObjectiveName, Objective] = {
     "grpo": grpo_objective,
     "distill": distill_objective,
     "sft": sft_objective,

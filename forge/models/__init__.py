@@ -4,6 +4,7 @@ layer-pruned copies."""
 from forge.models.assets import (
     DEFAULT_MODEL,
     TINY_FAMILIES,
+    load_tokenizer,
     models_dir,
     resolve_model,
     smollm2,
@@ -14,6 +15,7 @@ from forge.models.prune import PrunedModel, prune_layers
 __all__ = [
     "DEFAULT_MODEL",
     "TINY_FAMILIES",
+    "load_tokenizer",
     "PrunedModel",
     "models_dir",
     "prune_layers",

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from forge.cache import cache_root
 
@@ -119,6 +119,13 @@ def resolve_model(name_or_path: str | Path) -> Path:
         f"unknown model {name!r}: expected {DEFAULT_MODEL!r}, 'tiny-llama', 'tiny-qwen3' or a "
         "local directory with a config.json (nothing can be downloaded from a hub here)"
     )
+
+
+def load_tokenizer(model: str) -> Any:
+    """The Hugging Face tokenizer of `model` (a name `resolve_model` resolves, or a folder)."""
+    from transformers import AutoTokenizer  # seconds to import: a thread's work, off the loop
+
+    return AutoTokenizer.from_pretrained(resolve_model(model))
 
 
 def _build_once(dest: Path, build: Callable[[Path], None], what: str) -> Path:

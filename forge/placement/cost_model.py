@@ -18,7 +18,8 @@ weight sync. Plain code, unit-tested on made-up costs.
 """
 
 from dataclasses import dataclass
-from typing import Literal
+
+from forge.placement.plan import Layout
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class PhaseCosts:
 class Prediction:
     """One placement and what the model says it costs."""
 
-    placement: Literal["colocated", "split"]
+    placement: Layout
     generator_cores: int
     trainer_cores: int
     seconds_per_step: float

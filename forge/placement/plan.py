@@ -25,8 +25,11 @@ GPU_KEYS = "provisioner.gpus_per_host or provisioner.slurm.gpus_per_node"
 GROUP = "colocated"  # the device group that colocated roles share
 COLOCATED = ("trainer", "generator")
 
-# How generator and trainer are placed (RunConfig.placement; docs/placement.md).
-Choice = Literal["auto", "colocated", "split"]
+# How generator and trainer share devices: the same ones, taking turns, or each its own.
+Layout = Literal["colocated", "split"]
+# How a run asks for them to be placed (RunConfig.placement; docs/placement.md): a layout, or
+# "auto" (start_placement).
+PlacementChoice = Literal["auto", Layout]
 
 
 class PlanError(ConfigError):
@@ -74,7 +77,7 @@ class Plan:
     roles: tuple[Role, ...]  # as placed: colocated ones in `group`, sized to it
     meshes: tuple[Mesh, ...]
     free: tuple[HostDevices, ...]  # what no mesh reserved
-    placement: Literal["colocated", "split"] = "split"
+    placement: Layout = "split"
     reason: str = ""
     group: Placement | None = None
     auto: bool = False  # `placement: auto`: a calibration may re-divide the devices
@@ -141,7 +144,7 @@ def check_roles(roles: list[Role], shape: ClusterShape) -> None:
         _check_role(role, shape)
 
 
-def place_roles(roles: list[Role], shape: ClusterShape, choice: Choice) -> Plan:
+def place_roles(roles: list[Role], shape: ClusterShape, choice: PlacementChoice) -> Plan:
     """Places every role of `roles` (checked by `check_roles`) on a cluster of `shape` as the
     Provisioner will, generator and trainer as `choice` says, after checking that they fit
     together.
@@ -161,8 +164,8 @@ def place_roles(roles: list[Role], shape: ClusterShape, choice: Choice) -> Plan:
 
 
 def start_placement(
-    roles: list[Role], shape: ClusterShape, choice: Choice
-) -> tuple[Literal["colocated", "split"], str]:
+    roles: list[Role], shape: ClusterShape, choice: PlacementChoice
+) -> tuple[Layout, str]:
     """How generator and trainer start under `choice`, and why.
 
     "auto" starts colocated where its calibration can re-divide the devices at run time: CPU

@@ -34,7 +34,7 @@ async def start(tmp_path: Path, *overrides: str):
         ROOT / "configs/grpo/tiny_cpu.yaml",
         [f"run_dir={tmp_path / 'run'}", "eval.interval=0", "export_hf=false", *overrides],
     )
-    return await grpo.GRPO(cfg).start()
+    return await grpo.GRPO.start(cfg)
 
 
 def cpu_seconds(pids: list[int]) -> float:

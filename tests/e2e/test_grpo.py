@@ -149,9 +149,9 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
     """A generator replica is killed mid-run: it is replaced and no episode is lost. The run is
     then stopped with Ctrl-C, which writes a final checkpoint, the plots and the export, and
     leaves no process and no weight-transport folder behind."""
-    run_dir, ckpt = tmp_path / "kill", tmp_path / "ckpt"
+    run_dir = tmp_path / "kill"
     replicas = "generator_resources.num_replicas=2"
-    proc = grpo(TINY, run_dir, VOWELS, "steps=1000", replicas, f"trainer.checkpoint.folder={ckpt}")
+    proc = grpo(TINY, run_dir, VOWELS, "steps=1000", replicas, "trainer.checkpoint.enabled=true")
     try:
         kill_one_after_3_steps(proc, run_dir, _generator_processes, 2)
         # The run goes on while the replica is respawned (a new process and engine); it is
@@ -165,7 +165,7 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert (ckpt / "latest").exists()
+    assert (run_dir / "checkpoints" / "latest").exists()
     assert (run_dir / "metrics.png").exists()
     assert (run_dir / "hf" / "model.safetensors").exists()  # the export runs on Ctrl-C too
     assert not run_folder(run_dir).exists()  # the run's weight transport

@@ -29,7 +29,7 @@ def sft_smollm2(tmp_path_factory) -> Path:
         "placement=split",
         f"steps={SFT_STEPS}",
         f"eval.interval={SFT_STEPS}",
-        "trainer.checkpoint.folder=null",
+        "trainer.checkpoint.enabled=false",
     )
     finish(
         forge_run("sft", "configs/sft/smollm2_cpu.yaml", run_dir, *overrides),
@@ -78,7 +78,7 @@ def test_student_takes_up_the_sft_teachers_answers_on_smollm2(sft_smollm2, tmp_p
         "placement=split",
         f"steps={DISTILL_STEPS}",
         f"teacher.model={sft_smollm2 / 'hf'}",
-        "trainer.checkpoint.folder=null",
+        "trainer.checkpoint.enabled=false",
         "export_hf=false",
         f"eval.interval={DISTILL_STEPS}",
     )

@@ -41,7 +41,7 @@ def test_grpo_with_a_calculator_learns_three_digit_products_on_smollm2(tmp_path)
         f"trainer.model={sft / 'hf'}",
         f"steps={GRPO_STEPS}",
         f"eval.interval={GRPO_STEPS}",
-        "trainer.checkpoint.folder=null",
+        "trainer.checkpoint.enabled=false",
         "export_hf=false",
     )
     finish(forge_run("grpo", AGENT, run_dir, *overrides), run_dir, RUN_TIMEOUT_S)

@@ -15,7 +15,7 @@ RUN_TIMEOUT_S = 1500
 def grpo(run_dir, *overrides: str) -> list[dict]:
     """`make grpo`'s config with `overrides`, no checkpoint or export, run to the end; its
     metrics."""
-    quiet = ("trainer.checkpoint.folder=null", "export_hf=false")
+    quiet = ("trainer.checkpoint.enabled=false", "export_hf=false")
     config = "configs/grpo/smollm2_cpu.yaml"
     finish(forge_run("grpo", config, run_dir, *quiet, *overrides), run_dir, RUN_TIMEOUT_S)
     return metrics(run_dir)

@@ -26,7 +26,7 @@ def test_grpo_with_lora_learns_one_digit_additions_on_smollm2(tmp_path):
     tests/integration/test_lora_actors.py's, on every update mode.
     """
     run_dir = tmp_path / "lora"
-    quiet = ("trainer.checkpoint.folder=null", "export_hf=false")
+    quiet = ("trainer.checkpoint.enabled=false", "export_hf=false")
     config = "configs/grpo/smollm2_lora_cpu.yaml"
     overrides = ("placement=split", "steps=8", "eval.interval=8", MEASURED_EVAL_ROWS)
     finish(forge_run("grpo", config, run_dir, *quiet, *overrides), run_dir, RUN_TIMEOUT_S)

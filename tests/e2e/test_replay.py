@@ -26,6 +26,7 @@ STEPS = 5
 COMMON = (
     f"steps={STEPS}",
     "export_hf=false",
+    "trainer.checkpoint.enabled=true",
     "trainer.checkpoint.interval=2",
     "trainer.checkpoint.keep=3",
     "record.batches=all",
@@ -42,14 +43,12 @@ RUNS = {
         "buffer.batch_size=16",
         "generator.max_num_seqs=4",
         "trainer_resources.procs=2",
-        "buffer.dp_size=2",
     ),  # fmt: skip
     # Sync, on two FSDP ranks: the guard stops it at the step that trains group 4.
     "stop": (
         BLOW_UP,
         "mode=sync",
         "trainer_resources.procs=2",
-        "buffer.dp_size=2",
         "trainer.guard.action=stop",
     ),  # fmt: skip
 }
@@ -64,8 +63,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for name, (app, *overrides) in RUNS.items():
         run_dir = run_dirs[name]
         reward = "reward.functions=[helper_rewards:vowel_fraction]"
-        ckpt = f"trainer.checkpoint.folder={run_dir / 'checkpoints'}"
-        procs[name] = forge_run(app, TINY, run_dir, *COMMON, ckpt, reward, *overrides)
+        procs[name] = forge_run(app, TINY, run_dir, *COMMON, reward, *overrides)
     stopped = procs.pop("stop").wait(timeout=900)
     for name, proc in procs.items():
         finish(proc, run_dirs[name])

@@ -36,7 +36,7 @@ def grpo(run_dir: Path, *overrides: str) -> subprocess.Popen:
         "reward.functions=[helper_rewards:vowel_fraction]",
         f"steps={STEPS}",
         "export_hf=false",
-        f"trainer.checkpoint.folder={run_dir / 'checkpoints'}",
+        "trainer.checkpoint.enabled=true",
         "trainer.checkpoint.interval=2",
         *overrides,
     )

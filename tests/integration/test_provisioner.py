@@ -15,7 +15,7 @@ from forge.controller import (
     init_provisioner,
     shutdown,
 )
-from forge.controller.provisioner import _free_port
+from forge.controller.hosts import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +123,7 @@ async def test_a_mesh_stopped_twice_at_once_stops_once_and_gives_its_cores_back_
 def test_rendezvous_ports_are_free_and_below_the_ephemeral_range():
     """An outgoing connection cannot take the port before the trainer binds it."""
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    ports = {_free_port() for _ in range(20)}
+    ports = {free_port() for _ in range(20)}
     assert all(port < low for port in ports) and len(ports) > 1
     for port in ports:
         with socket.socket() as s:

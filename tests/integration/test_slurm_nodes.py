@@ -224,7 +224,7 @@ def test_a_notebook_outside_the_job_trains_on_both_nodes_and_its_end_leaves_noth
             "from forge.cli import import_app\nfrom forge.config import load_config\n"
             "grpo = import_app('apps/grpo/main.py')\n"
             f"cfg = load_config(grpo.Config, {TINY!r}, {overrides!r})\n"
-            "run = await replace('run', grpo.GRPO(cfg).start())\n"
+            "run = await replace('run', grpo.GRPO.start(cfg))\n"
             "await run.steps(2)",
         )
         (job,) = active_jobs() - jobs

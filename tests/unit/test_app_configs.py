@@ -40,8 +40,21 @@ def test_a_typo_in_an_app_config_is_one_line_naming_it():
 
 def test_an_app_refuses_an_objective_it_cannot_train():
     distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
-    with pytest.raises(ConfigError, match="trainer.objective must be 'distill'"):
+    with pytest.raises(ConfigError, match="trainer.objective: set by the app"):
         load_config(schema(distill), distill, ["trainer.objective=grpo"])
+
+
+def test_the_config_derives_the_trainers_objective_ranks_and_checkpoint_folder():
+    grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
+    cfg = load_config(schema(grpo), grpo, ["run_dir=runs/x", "trainer_resources.procs=2"])
+    assert (cfg.trainer.objective, cfg.buffer.dp_size) == ("grpo", 2)
+    assert cfg.trainer.checkpoint.folder is None  # the tiny configs turn checkpoints off
+    on = load_config(schema(grpo), grpo, ["run_dir=runs/x", "trainer.checkpoint.enabled=true"])
+    assert on.trainer.checkpoint.folder == "runs/x/checkpoints"
+    slurm = ROOT / "configs" / "grpo" / "qwen3_slurm.yaml"  # 8 procs x 2 hosts
+    assert load_config(schema(slurm), slurm).buffer.dp_size == 16
+    with pytest.raises(ConfigError, match="buffer.batch_size 8 must be a multiple of .* = 3"):
+        load_config(schema(grpo), grpo, ["trainer_resources.procs=3"])
 
 
 def test_grpo_refuses_a_run_where_nothing_rewards():
@@ -97,6 +110,15 @@ def test_a_run_publishes_weights_in_its_engines_dtype():
         ("distillation", "generator.lora={rank: 4}", "generator.lora: moved to weight_sync.lora"),
         ("grpo", "trainer.publish_dtype=float16", "trainer.publish_dtype: moved to weight_sync.d"),
         ("sft", "generator.dtype=bfloat16", "generator.dtype: moved to weight_sync.dtype"),
+        ("grpo", "trainer.objective=grpo", r"trainer.objective: set by the app \(its Config.OBJ"),
+        ("sft", "trainer.objective=sft", r"trainer.objective: set by the app \(its Config.OBJE"),
+        ("grpo", "buffer.dp_size=2", r"buffer.dp_size: derived from trainer_resources \(procs"),
+        (
+            "distillation",
+            "trainer.checkpoint.folder=null",
+            "trainer.checkpoint.folder: derived: .* trainer.checkpoint.enabled: false turns them",
+        ),
+        ("sft", "trainer.checkpoint={folder: ckpt}", "trainer.checkpoint.folder: derived: a run"),
     ],
 )
 def test_an_old_spelling_names_the_new_key(app, override, error):
@@ -114,6 +136,18 @@ def test_every_app_reads_the_same_data_section():
     }
     assert len({repr(s) for s in sections.values()}) == 1
     assert sections["sft"].path == "rows.jsonl" and sections["grpo"].prompt_column == "q"
+
+
+def test_an_old_config_file_names_the_keys_the_config_now_derives(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("trainer:\n  objective: distill\n  checkpoint: {folder: '${run_dir}/ckpt'}\n")
+    distill = ROOT / "configs" / "distillation" / "tiny_cpu.yaml"
+    with pytest.raises(ConfigError, match=f"^{old}: trainer.objective: set by the app") as e:
+        load_config(schema(distill), old)
+    assert "\n" not in str(e.value)
+    old.write_text("buffer: {batch_size: 16, dp_size: 2}\n")
+    with pytest.raises(ConfigError, match=f"^{old}: buffer.dp_size: derived from trainer_resou"):
+        load_config(schema(distill), old)
 
 
 def test_an_old_config_file_names_the_weight_sync_key(tmp_path):

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 from omegaconf import MISSING
@@ -259,3 +259,44 @@ def test_multi_line_post_init_message_becomes_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match=r"^command line: x is wrong and so is y$"):
         load_config(Picky, None, ["x=1"])
+
+
+@dataclass
+class Buffer:
+    batch_size: int = 8
+    ranks: int = 1  # derived: the run fills it in
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "ranks": "derived from workers: remove it",
+        "size": "renamed to batch_size",
+    }
+
+
+@dataclass
+class Run:
+    workers: int = 2
+    buffer: Buffer = field(default_factory=Buffer)
+
+    def __post_init__(self) -> None:
+        self.buffer.ranks = self.workers
+
+
+def test_a_renamed_key_names_where_it_went(tmp_path):
+    path = write(tmp_path, "buffer: {size: 4}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: buffer.size: renamed to batch_size$"):
+        load_config(Run, path)
+
+
+def test_a_derived_key_is_refused_in_input_naming_where_it_comes_from(tmp_path):
+    path = write(tmp_path, "buffer: {ranks: 4}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: buffer.ranks: derived from workers: remove"):
+        load_config(Run, path)
+    with pytest.raises(ConfigError, match="^command line: buffer.ranks: derived from workers"):
+        load_config(Run, None, ["buffer.ranks=4"])
+    assert load_config(Run, None, ["workers=3"]).buffer.ranks == 3
+
+
+def test_a_saved_config_holds_the_derived_values(tmp_path):
+    """A run folder's config.yaml (read with known_only) is the config as it ran."""
+    path = write(tmp_path, "workers: 3\nbuffer: {batch_size: 8, ranks: 3}\nother_app_key: 1\n")
+    assert load_config(Run, path, known_only=True).buffer.ranks == 3

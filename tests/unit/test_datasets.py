@@ -318,7 +318,7 @@ def test_a_dataset_name_that_cannot_load_is_one_line_naming_it(tmp_path, monkeyp
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"source": "hub"}, "source must be reasoning_gym, local or hf"),
+        ({"source": "hub"}, r"source must be one of \('reasoning_gym', 'local', 'hf'\)"),
         ({"source": "local"}, "source local needs path"),
         ({"path": "rows.jsonl"}, "path is read by source local or hf: set source"),
         ({"source": "local", "path": "x", "subset": "main"}, "subset is read by source hf"),

@@ -1,6 +1,7 @@
 """The trainer's objectives, looked up by name in forge.losses.OBJECTIVES."""
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import pytest
 import torch
@@ -8,7 +9,14 @@ from torch.testing import assert_close
 
 from forge.actors.trainer import TrainerConfig
 from forge.config import ConfigError, load_config
-from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveInputs, grpo_loss, sft_loss
+from forge.losses import (
+    OBJECTIVES,
+    GRPOConfig,
+    ObjectiveInputs,
+    ObjectiveName,
+    grpo_loss,
+    sft_loss,
+)
 
 NAN = float("nan")
 
@@ -27,10 +35,15 @@ def inputs(logprobs, mask, behaviour=None, teacher=None, advantages=None) -> Obj
     return ObjectiveInputs(logprobs, mask, behaviour, advantages, teacher_logprobs=teacher)
 
 
-def test_every_objective_is_registered_by_the_names_the_config_accepts():
-    assert set(OBJECTIVES) == {"grpo", "distill", "sft"}
+def test_every_objective_is_registered_by_the_names_the_config_accepts(tmp_path):
+    assert set(OBJECTIVES) == set(get_args(ObjectiveName)) == {"grpo", "distill", "sft"}
+    # An app sets the objective; a run folder's saved config holds the one it ran with.
+    saved = tmp_path / "config.yaml"
+    saved.write_text("trainer: {objective: dpo}\n")
     with pytest.raises(ConfigError, match="trainer.objective: Invalid value 'dpo'"):
-        load_config(Holder, None, ["trainer.objective=dpo"])
+        load_config(Holder, saved, known_only=True)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        TrainerConfig(objective="dpo")
     assert TrainerConfig(objective="distill").objective == "distill"
 
 

@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 from helper_configs import APPS, CONFIGS, ROOT
 
+import forge.controller.hosts as hosts_module
 import forge.controller.provisioner as provisioner
-import forge.loop.run as run_module
+import forge.controller.slurm.launcher as slurm_launcher
+import forge.loop.startup as startup_module
 from forge.cli import load_app, main
 from forge.config import ConfigError, load_config
 from forge.loop.plan import plan_run
@@ -118,11 +120,10 @@ IMPOSSIBLE = [
      "teacher_resources.hosts must be >= 1, got 0"),
     ("grpo/smollm2_cpu", ["trainer_resources.num_replicas=2"], CPU_HOST,
      r"trainer_resources.num_replicas must be 1 \(one trainer"),
-    ("grpo/qwen3_slurm", ["trainer_resources.hosts=null"], SHAPES["qwen3_slurm"],
-     "buffer.dp_size 16 != trainer_resources.procs 8 x trainer_resources.hosts 1 = 8 trainer"),
-    ("grpo/qwen3_gpu", ["trainer_resources.procs=16", "buffer.dp_size=16"], SHAPES["qwen3_gpu"],
+    ("grpo/qwen3_gpu", ["trainer_resources.procs=16"], SHAPES["qwen3_gpu"],
      r"trainer_resources.procs 16 \(one GPU each\) > 8 GPUs per host \(provisioner.gpus_per_host"),
-    ("grpo/qwen3_slurm", ["trainer_resources.hosts=5"], SHAPES["qwen3_slurm"],
+    ("grpo/qwen3_slurm", ["trainer_resources.hosts=5", "buffer.batch_size=1280"],
+     SHAPES["qwen3_slurm"],
      "trainer_resources.hosts 5 > provisioner.hosts 4: the mesh would span more hosts"),
     ("grpo/qwen3_slurm", ["generator_resources.num_replicas=17"], SHAPES["qwen3_slurm"],
      "trainer_resources 16 \\+ generator_resources 17 = 33 GPUs > the cluster's 32"),
@@ -138,7 +139,7 @@ IMPOSSIBLE = [
      "placement colocated needs trainer_resources.with_gpus and generator_resources.with_gpus"),
     ("grpo/qwen3_slurm",
      ["provisioner.hosts=2", "trainer_resources.hosts=1", "trainer_resources.procs=6",
-      "buffer.dp_size=6", "buffer.batch_size=48", "generator_resources.procs=3",
+      "buffer.batch_size=48", "generator_resources.procs=3",
       "generator_resources.num_replicas=3"],
      ClusterShape(hosts=2, gpus_per_host=8, cpus_per_host=64),
      "generator_resources: replica 2 does not fit on 1 adjacent host.s. after trainer_resources"),
@@ -149,7 +150,7 @@ IMPOSSIBLE = [
     ("grpo/qwen3_slurm", ["weight_sync.transport.kind=shm"], SHAPES["qwen3_slurm"],
      "weight_sync.transport.kind 'shm' is same-host only, but trainer_resources.hosts is 2"),
     ("grpo/qwen3_slurm",
-     ["weight_sync.transport.kind=shm", "trainer_resources.hosts=1", "buffer.dp_size=8"],
+     ["weight_sync.transport.kind=shm", "trainer_resources.hosts=1"],
      SHAPES["qwen3_slurm"],
      "weight_sync.transport.kind 'shm' is same-host only, but generator replica 0 lands on "
      "host1"),
@@ -171,7 +172,7 @@ def test_an_impossible_config_is_one_line_naming_its_keys(name, overrides, shape
     ("overrides", "error"),
     [
         (["provisioner.hosts=2"], "launcher 'local' has exactly one host, got hosts=2"),
-        (["buffer.batch_size=24", "buffer.dp_size=5"], "multiple of dp_size 5, got 24"),
+        (["buffer.batch_size=24", "trainer_resources.procs=5"], "batch_size 24 must be a multiple"),
     ],
 )
 def test_the_loader_refuses_what_a_field_alone_cannot_hold(overrides, error):
@@ -304,29 +305,29 @@ ACTOR = {  # the actor class each role's mesh runs
 def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatch):
     cfg = config(name, f"run_dir={tmp_path / 'run'}", *overrides)
     hosts = _Hosts()
-    monkeypatch.setattr(provisioner, "this_host", lambda: hosts)
-    monkeypatch.setattr(provisioner.Provisioner, "_make_job", lambda self: hosts)
-    monkeypatch.setattr(provisioner, "cancel_with_driver", lambda job: None)  # no job to cancel
-    monkeypatch.setattr(provisioner, "in_allocation", lambda: False, raising=False)
+    monkeypatch.setattr(hosts_module, "this_host", lambda: hosts)
+    monkeypatch.setattr(hosts_module, "process_job", lambda count: hosts)
+    monkeypatch.setattr(slurm_launcher, "slurm_job", lambda count, cfg: hosts)
+    monkeypatch.setattr(slurm_launcher, "cancel_with_driver", lambda job: None)  # none to cancel
+    monkeypatch.setattr(slurm_launcher, "in_allocation", lambda: False)
     monkeypatch.setattr(provisioner, "proc_env", _record)
-    monkeypatch.setattr(run_module.MetricLogger, "from_config", _stop)
-    monkeypatch.setattr(run_module, "make_transport", lambda cfg: _Transport())
+    monkeypatch.setattr(startup_module.RunLogs, "__init__", _stop)
+    monkeypatch.setattr(startup_module, "make_transport", lambda cfg: _Transport())
     # The GPU configs' checkpoints are not on this machine: a tokenizer stands in for theirs.
-    monkeypatch.setattr(run_module, "load_tokenizer", lambda model: SimpleNamespace(eos_token=""))
+    monkeypatch.setattr(
+        startup_module, "load_tokenizer", lambda model: SimpleNamespace(eos_token="")
+    )
     if cfg.weight_sync.transport.kind == "torchstore":
         from forge.weights import torchstore_compat
 
         monkeypatch.setattr(torchstore_compat, "initialize", _nothing)
     app = sys.modules["forge_app"]  # `config` imported the app file
-    run = next(v for k, v in vars(app).items() if k in {"GRPO", "SFT", "Distill"})(cfg)
+    run = next(v for k, v in vars(app).items() if k in {"GRPO", "SFT", "Distill"})
     plan = plan_run(cfg)
 
     async def start():
-        try:
-            with pytest.raises(_Stop):
-                await run.start()
-        finally:
-            await run.close()
+        with pytest.raises(_Stop):  # a failed start stops what it started
+            await run.start(cfg)
 
     asyncio.run(start())
 
@@ -337,7 +338,7 @@ def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatc
         (ACTOR[m.role.name], where(m.placement)) for m in plan.meshes
     )
     t = cfg.trainer_resources
-    assert run.world == t.procs * (t.hosts or 1)
+    assert cfg.trainer_ranks == t.procs * (t.hosts or 1)  # Run.world: a batch list for each
 
 
 class _Transport:

@@ -137,9 +137,8 @@ def test_a_torn_record_and_a_moved_run_folder_are_handled(tmp_path):
         record.read(2)
     with pytest.raises(ReplayError, match="cannot read the record of step 2"):
         read(record, 2)  # a replay's one-line error, exit status 2
-    # Started as runs/x with checkpoints in ${run_dir}/checkpoints, replayed from elsewhere.
+    # Started as runs/x (its checkpoints in runs/x/checkpoints), replayed from elsewhere.
     cfg = RLConfig(run_dir="runs/x")
-    cfg.trainer.checkpoint.folder = "runs/x/checkpoints"
     assert checkpoint_folder(cfg, tmp_path / "x") == tmp_path / "x" / "checkpoints"
     cfg.trainer.checkpoint.folder = "/elsewhere/checkpoints"
     assert checkpoint_folder(cfg, tmp_path / "x") == Path("/elsewhere/checkpoints")

@@ -4,12 +4,14 @@ import itertools
 import json
 import pickle
 import random
+from typing import get_args
 
 import pytest
 
-from forge.actors.replay_buffer import EpisodeBuffer, ReplayBufferConfig
+from forge.actors.replay_buffer import SAMPLERS, EpisodeBuffer, ReplayBufferConfig, Sampling
 from forge.config import ConfigError, load_config
 from forge.data import Completion, Episode
+from forge.loop import RLConfig
 
 G = 2  # episodes per group, unless a test says otherwise
 
@@ -62,10 +64,19 @@ def test_config_refuses_impossible_values(overrides, message):
 
 
 def test_config_errors_name_the_key_when_loaded():
-    with pytest.raises(ConfigError, match="multiple of dp_size 4"):
+    # dp_size is the trainer's ranks, which a run's config fills in: no input sets it.
+    with pytest.raises(ConfigError, match="dp_size: derived from trainer_resources"):
         load_config(ReplayBufferConfig, None, ["batch_size=6", "dp_size=4"])
+    with pytest.raises(ConfigError, match="buffer.batch_size 6 must be a multiple of .* = 4"):
+        load_config(
+            RLConfig, None, ["buffer.batch_size=6", "group_size=2", "trainer_resources.procs=4"]
+        )
     with pytest.raises(ConfigError, match="sampling"):
         load_config(ReplayBufferConfig, None, ["sampling=lifo"])
+
+
+def test_every_sampling_name_has_a_sampler():
+    assert set(SAMPLERS) == set(get_args(Sampling))
 
 
 def test_fifo_hands_out_oldest_groups_first_and_each_once():

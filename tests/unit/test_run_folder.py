@@ -10,8 +10,7 @@ from forge.loop.run_folder import CONFIG, RunFolder
 
 
 def config(tmp_path, **changes) -> RunConfig:
-    cfg = RunConfig(run_dir=str(tmp_path / "run"), steps=6)
-    cfg.trainer.checkpoint.folder = str(tmp_path / "run" / "checkpoints")
+    cfg = RunConfig(run_dir=str(tmp_path / "run"), steps=6)  # checkpoints in run/checkpoints
     return dataclasses.replace(cfg, **changes)
 
 
@@ -74,3 +73,13 @@ def test_a_continued_run_may_change_its_guard_and_take_keys_a_later_forge_added(
     saved.write_text(yaml.safe_dump(older))
     with pytest.raises(RunFolderError, match="gone"):
         folder(other).open(other)
+
+
+def test_a_run_without_checkpoints_cannot_be_continued(tmp_path):
+    cfg = config(tmp_path)
+    cfg.trainer.checkpoint.enabled = False
+    cfg = dataclasses.replace(cfg)  # the config derives the folder again: none
+    assert cfg.trainer.checkpoint.folder is None
+    folder(cfg).open(cfg)
+    with pytest.raises(RunFolderError, match="with trainer.checkpoint.enabled false: choose"):
+        folder(cfg).open(cfg)

@@ -3,7 +3,7 @@
 import json
 import subprocess
 
-from forge.controller import slurm_compat
+from forge.controller.slurm import compat as slurm_compat
 
 
 def test_squeue_json_of_slurm_22_05_reads_like_23_02(monkeypatch):

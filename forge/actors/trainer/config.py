@@ -68,7 +68,7 @@ class TrainerConfig:
     Args:
         objective: a name in forge.losses.OBJECTIVES: "grpo" (policy gradient on
             advantages), "distill" (reverse KL to teacher_logprobs) or "sft" (cross-entropy on
-            the completion tokens).
+            the completion tokens). An app's config sets it (RunConfig.OBJECTIVE), no yaml key.
         temperature: the generator's sampling temperature; logprobs are taken at it.
         dtype: "float32", or "bfloat16" compute over float32 weights, gradients and optimizer
             state: FSDP's mixed precision on GPUs, autocast on CPUs (where FSDP's per-unshard
@@ -118,6 +118,7 @@ class TrainerConfig:
         "generators)",
         "publish_dtype": "moved to weight_sync.dtype (the generators' dtype, which versions hold)",
         "lora": "moved to weight_sync.lora (what the trainer trains is what the generators serve)",
+        "objective": "set by the app (its Config.OBJECTIVE): remove it",
     }
 
     def __post_init__(self) -> None:

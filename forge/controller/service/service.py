@@ -23,19 +23,16 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from monarch.actor import ActorError
+from monarch.actor import ActorError, ProcMesh
 
-from forge.controller.actor import is_retry_safe
+from forge.controller.endpoints import is_retry_safe
 from forge.controller.monarch_compat import SupervisionError
-from forge.controller.provisioner import HostLostError, first_line, get_provisioner
+from forge.controller.provisioner import HostLostError, ProcessConfig, first_line, get_provisioner
 from forge.controller.service.replica import CallAbandoned, Replica, ReplicaState
 from forge.controller.service.router import ROUTERS
 from forge.observability.console import say
-
-if TYPE_CHECKING:
-    from forge.controller.actor import ActorOptions
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +95,23 @@ class ServiceConfig:
             raise ValueError(f"health_misses must be >= 1, got {self.health_misses}")
 
 
+class ReplicaSpec(Protocol):
+    """What a service starts each replica from: `ActorOptions` (forge/controller/actor.py),
+    described here so that this module need not import the actor module, which imports it."""
+
+    @property
+    def actor_cls(self) -> type: ...
+
+    @property
+    def process(self) -> ProcessConfig: ...
+
+    @property
+    def service(self) -> ServiceConfig: ...
+
+    async def launch(self, *args: Any, **kwargs: Any) -> tuple[Any, ProcMesh]:
+        """Starts one replica's processes and actor, set up; returns the actor and its mesh."""
+
+
 class ServiceEndpoint:
     """One endpoint of a service: `route` to a single replica, `fanout` to all healthy ones."""
 
@@ -122,7 +136,7 @@ class ServiceEndpoint:
 class Service:
     """Replicas of an actor, routed, health-checked, respawned and scaled."""
 
-    def __init__(self, options: "ActorOptions", args: tuple, kwargs: dict) -> None:
+    def __init__(self, options: ReplicaSpec, args: tuple, kwargs: dict) -> None:
         self.options = options
         self.actor_cls = options.actor_cls
         self.cfg = options.service

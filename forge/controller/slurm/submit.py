@@ -23,14 +23,11 @@ import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from monarch.actor import HostMesh, attach_to_workers
 
+from forge.controller.slurm.config import SlurmConfig
 from forge.observability.console import say
-
-if TYPE_CHECKING:  # the provisioner imports this module
-    from forge.controller.provisioner import SlurmConfig
 
 # Set by the batch script: the driver's `slurm` launcher uses the job it runs in.
 ALLOCATION_ENV = "FORGE_SLURM_ALLOCATION"
@@ -53,7 +50,7 @@ class SubmitError(RuntimeError):
 
 
 def batch_script(
-    command: Sequence[str], slurm: "SlurmConfig", *, nodes: int, log: Path, workdir: Path
+    command: Sequence[str], slurm: SlurmConfig, *, nodes: int, log: Path, workdir: Path
 ) -> str:
     """The sbatch script that runs `command` (the driver) on the first of `nodes` nodes.
 
@@ -70,7 +67,7 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
-def _directives(slurm: "SlurmConfig", *, nodes: int, log: Path, workdir: Path) -> list[str]:
+def _directives(slurm: SlurmConfig, *, nodes: int, log: Path, workdir: Path) -> list[str]:
     options = {
         "job-name": slurm.job_name,
         "nodes": nodes,

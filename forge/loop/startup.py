@@ -1,0 +1,198 @@
+"""Starting a run: its parts, each constructed whole, in the order they depend on each other.
+
+Everything started is registered on one exit stack as it starts (the provisioner's processes,
+the weight transport's versions, the logs), so closing the stack closes exactly what was
+started, in reverse order, however far the start got.
+"""
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forge.config import config_error
+from forge.controller import get_provisioner, init_provisioner, shutdown
+from forge.data.chat import ChatBridge
+from forge.data.datasets import PromptDataset, open_dataset
+from forge.data.rewards import check_columns, resolve_reward
+from forge.loop.config import RunConfig
+from forge.loop.episodes import Episodes
+from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
+from forge.loop.generator_handle import GeneratorHandle
+from forge.loop.generator_sync import GeneratorSync
+from forge.loop.plan import plan_run
+from forge.loop.run_folder import RunFolder
+from forge.loop.run_logs import RunLogs
+from forge.loop.spawn import spawn_roles
+from forge.loop.trainer_handle import TrainerHandle
+from forge.loop.trainer_lifecycle import TrainerLifecycle
+from forge.models import load_tokenizer
+from forge.observability.console import say
+from forge.placement.placer import Placer
+from forge.placement.plan import GROUP, Plan
+from forge.weights.shm_folders import claim_for_run
+from forge.weights.transport import WeightTransport, make_transport
+
+# An app's data: the training rows and the eval rows, checked against what reads them.
+OpenData = Callable[[RunConfig], tuple[PromptDataset, EvalRows | None]]
+
+
+@dataclass
+class RunParts:
+    """What a started run is made of; `Run` holds each part (see its attributes)."""
+
+    folder: RunFolder
+    placer: Placer
+    data: PromptDataset
+    actors: dict[str, Any]
+    trainer: TrainerLifecycle
+    logs: RunLogs
+    generator: GeneratorHandle | None
+    episodes: Episodes | None
+    evaluator: Evaluator | None
+    sync: GeneratorSync | None
+    resumed: int  # the step of the checkpoint the run continues from (0: a new run)
+    started: float  # perf_counter() at the start
+    exits: AsyncExitStack  # closes what was started
+
+
+async def start_parts(
+    cfg: RunConfig, open_data: OpenData, name: str, plot_keys: Sequence[str], exits: AsyncExitStack
+) -> RunParts:
+    """Checks the config, data and placement, then starts every role and builds the parts on
+    them; each started thing's close goes on `exits`.
+
+    Raises:
+        ConfigError: an impossible placement, data that cannot be read, a reward the data
+            cannot feed; before the folder or any process.
+        RunFinished: the folder's run took `steps` already; before anything starts.
+    """
+    plan = plan_run(cfg)
+    data, held_out = open_data(cfg)
+    run_dir = Path(cfg.run_dir)
+    folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
+    resumed = folder.open(cfg, cfg.resume)
+    folder.rewind(resumed)
+    started = time.perf_counter()
+    say(_summary(name, cfg, data, held_out) + (f" | resuming at step {resumed}" if resumed else ""))
+    transport = await _start_provisioner(cfg, plan, exits)
+    # The episodes' chat bridge needs the generators' tokenizer: loaded while they start.
+    tokenizer = None
+    if cfg.generates():
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, cfg.generator.model))
+    placer = Placer(plan, say, run_dir / "pipeline.json")
+    actors = await spawn_roles(plan.roles)
+    # Which hosts each role's processes landed on, for the user (and tests) to check.
+    placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
+    (run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
+    logs = _open_logs(cfg, list(actors.values()), plot_keys, exits)
+    handle = TrainerHandle(actors["trainer"], placer.turns)  # the handles take the turns
+    trainer = TrainerLifecycle(handle, cfg, placer, folder, logs, resumed)
+    if (step := await handle.get_step()) != resumed:
+        raise RuntimeError(f"trainer resumed step {step}, the run folder {resumed}")
+    generator = episodes = evaluator = sync = None
+    if tokenizer is not None:
+        generator = GeneratorHandle(actors["generator"], placer.turns)
+        bridge = ChatBridge(await tokenizer)
+        episodes = _episodes(cfg, generator, bridge, actors)
+        evaluator = None if held_out is None else _evaluator(cfg, held_out, episodes)
+        sync = GeneratorSync(generator, trainer, transport, placer, logs, evaluator)
+        generator.service.on_recover = sync.recover
+    return RunParts(
+        folder, placer, data, actors, trainer, logs, generator, episodes, evaluator, sync,
+        resumed, started, exits,
+    )  # fmt: skip
+
+
+def open_data(cfg: RunConfig) -> tuple[PromptDataset, EvalRows | None]:
+    """The training rows and the eval rows, checked against the reward functions' columns.
+
+    Raises:
+        ConfigError: a source cannot be read, a row is malformed, a reward function cannot
+            be imported or reads a column the data lacks; one line naming it.
+    """
+    with config_error("data"):
+        data = open_dataset(cfg.data, cfg.eval.hold_out())
+    with config_error("eval"):
+        held_out = eval_rows(cfg.eval, cfg.data, data) if cfg.eval.interval else None
+    if cfg.generates():
+        with config_error("env.factory"):
+            cfg.env.resolve()  # a name that does not import fails before any process
+    with config_error("reward.functions"):
+        functions = {name: resolve_reward(name) for name in cfg.reward.functions}
+        check_columns(functions, data.name, data.columns)
+        if held_out is not None:
+            check_columns(functions, held_out.source, held_out.columns)
+    return data, held_out
+
+
+async def _start_provisioner(cfg: RunConfig, plan: Plan, exits: AsyncExitStack) -> WeightTransport:
+    """The provisioner (its group reserved as the plan placed it) and the weight transport,
+    emptied of versions an earlier run left behind."""
+    init_provisioner(cfg.provisioner)
+    exits.push_async_callback(shutdown)  # every process, and the run's /dev/shm folder
+    if plan.group is not None:
+        g = plan.group
+        await get_provisioner().reserve_group(
+            GROUP, hosts=len(g.hosts), gpus=len(g.gpus[0]), cpus=len(g.cpus[0])
+        )
+    # Its /dev/shm folder, given back at shutdown(), holds an shm transport left unset.
+    claim_for_run(cfg.run_dir, cfg.weight_sync.transport)
+    if cfg.weight_sync.transport.kind in ("rdma", "torchstore"):  # rdma: handles, manifests
+        # Imported only here: torchstore prints a warning on import, before any log exists.
+        from forge.weights import torchstore_compat
+
+        await torchstore_compat.initialize()
+    transport = make_transport(cfg.weight_sync.transport)
+    await transport.clear()
+    exits.push_async_callback(transport.clear)  # shared memory is the machine's, not the run's
+    return transport
+
+
+def _open_logs(
+    cfg: RunConfig, sources: list[Any], plot_keys: Sequence[str], exits: AsyncExitStack
+) -> RunLogs:
+    metrics = cfg.metrics
+    if metrics.progress_total is None:
+        metrics = dataclasses.replace(metrics, progress_total=cfg.steps)
+    logs = RunLogs(Path(cfg.run_dir), metrics, sources)
+    exits.callback(logs.show, plot_keys)
+    exits.callback(logs.close)  # before the drawings: the files they read are complete
+    return logs
+
+
+def _episodes(
+    cfg: RunConfig, generator: GeneratorHandle, bridge: ChatBridge, actors: dict[str, Any]
+) -> Episodes:
+    return Episodes(
+        cfg.env,
+        generator,
+        bridge,
+        cfg.generator.sampling.max_tokens,
+        cfg.generator.max_model_len,
+        actors.get("environment"),
+        actors.get("reward"),
+    )
+
+
+def _evaluator(cfg: RunConfig, held_out: EvalRows, episodes: Episodes) -> Evaluator:
+    run_dir = Path(cfg.run_dir)
+    held_out.write(run_dir / "eval_rows.jsonl")
+    return Evaluator(held_out.rows, episodes, cfg.eval, cfg.steps, run_dir / "eval.jsonl")
+
+
+def _summary(name: str, cfg: RunConfig, data: PromptDataset, held_out: EvalRows | None) -> str:
+    """The start-up line, said before anything starts: what trains on which rows, where the
+    run is written."""
+    skipped = len(data.skipped)
+    rows = f"data {data.name}, {len(data)} rows" + (
+        f" ({skipped} malformed skipped)" if skipped else ""
+    )
+    eval_rows = f" | eval {held_out.description}" if held_out else ""
+    what = f"{name}: {cfg.trainer.model}, {cfg.steps} steps"
+    return f"{what} | {rows}{eval_rows} | run folder {cfg.run_dir}"
