@@ -23,7 +23,7 @@ from forge.controller import shutdown
 from forge.data import Completion
 from forge.data.chat import ChatBridge
 from forge.envs.config import EnvConfig
-from forge.envs.episode import EpisodeLimits, EpisodeOutcome, play
+from forge.envs.runner import EpisodeLimits, EpisodeOutcome, play
 from forge.envs.tasks import ToolTask
 from forge.models import smollm2
 from forge.observability.console import say

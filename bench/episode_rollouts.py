@@ -1,6 +1,6 @@
 """The cost of rolling out single-turn GRPO through the environment interface: a batch of
 `make grpo`'s rollouts (SmolLM2-135M, its data, group size, sampling and reward functions) as
-episodes (forge.loop.episodes: the row's environment, one generate call per episode, the
+episodes (forge.loop.rollouts: the row's environment, one generate call per episode, the
 reward service on each answer), against the simplest alternative, the path forge had before
 episodes: one generate call for the group's n samples, the reward service on their texts.
 
@@ -29,8 +29,8 @@ from forge.controller import shutdown
 from forge.data.chat import ChatBridge
 from forge.data.datasets import open_dataset
 from forge.envs.config import EnvConfig
-from forge.loop.episodes import Episodes
 from forge.loop.generator_handle import GeneratorHandle
+from forge.loop.rollouts import Rollouts
 from forge.models import load_tokenizer
 from forge.observability.console import say
 
@@ -46,7 +46,7 @@ async def main(batches: int) -> None:
     generator = GeneratorHandle(service)
     bridge = ChatBridge(load_tokenizer(cfg.generator.model))
     turn, context = cfg.generator.sampling.max_tokens, cfg.generator.max_model_len
-    episodes = Episodes(EnvConfig(), generator, bridge, turn, context, reward=reward)
+    episodes = Rollouts(EnvConfig(), generator, bridge, turn, context, reward=reward)
 
     async def direct(row: dict, seed: int) -> list[list[int]]:
         completions = await generator.generate(row["prompt"], cfg.group_size, {"seed": seed})

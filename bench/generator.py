@@ -28,7 +28,7 @@ from result import Result
 from safetensors.torch import load_file
 
 from forge.actors.generator import Generator, GeneratorConfig, SamplingConfig
-from forge.actors.generator.engine import start_engine
+from forge.actors.vllm.engine import start_engine
 from forge.controller import shutdown
 from forge.models import resolve_model
 from forge.models.lora import LoRAConfig
@@ -47,7 +47,7 @@ def prompts(count: int) -> list[str]:
 
 async def raw_vllm(cfg: GeneratorConfig, sync: WeightSyncConfig, texts: list[str]) -> float:
     """Tokens/s of vLLM's AsyncLLM driven directly, started with exactly the Generator's
-    engine arguments (`forge.actors.generator.engine.engine_args`)."""
+    engine arguments (`forge.actors.vllm.engine.engine_args`)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 

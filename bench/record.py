@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from result import ROOT, Result
 
-from forge.loop.record import BatchRecord
+from forge.loop.record.batches import BatchRecord
 from forge.observability.console import say
 
 CONFIG = "configs/grpo/smollm2_cpu.yaml"

@@ -22,7 +22,7 @@ Submitting the same command again resumes the run; `scancel JOB` stops all of it
 `forge clean` gives back the shared memory (/dev/shm) of forge processes that died without
 doing so themselves (killed with SIGKILL); runs do the same when they start.
 
-`forge replay` trains a run's recorded batches again (forge/loop/replay.py): step N, or every
+`forge replay` trains a run's recorded batches again (forge/loop/record/replay.py): step N, or every
 step, compared figure by figure with the record; overrides of trainer.loss, trainer.optimizer,
 trainer.scheduler, trainer.max_grad_norm or trainer.guard make a what-if. Exit status 0 when
 the replay matches the record, 1 when a figure differs, 2 on bad input, 3 when the replay
@@ -139,7 +139,7 @@ def _add_replay(commands: Any) -> None:
 
 def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge replay`: checks, then the replay; exits with its status."""
-    from forge.loop.replay import Replay, ReplayError  # Monarch and torch: not for --help
+    from forge.loop.record.replay import Replay, ReplayError  # Monarch and torch: not for --help
 
     try:
         replay = Replay.prepare(args.run_dir, None if args.all else args.step, overrides)

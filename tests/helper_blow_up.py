@@ -11,7 +11,7 @@ from pathlib import Path
 import cloudpickle
 
 from forge.data import Episode
-from forge.envs.episode import EpisodeOutcome
+from forge.envs.runner import EpisodeOutcome
 
 BLOWN_GROUP = 4
 

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 
 from forge.actors.reference import ReferenceConfig, ReferenceModel
-from forge.actors.vllm_scorer import MAX_TOP_K, TopLogprobs
+from forge.actors.vllm.scorer import MAX_TOP_K, TopLogprobs
 from forge.data import Episode
-from forge.envs.episode import EpisodeOutcome
+from forge.envs.runner import EpisodeOutcome
 from forge.loop import RLConfig, RLLoop, RunParts
 from forge.losses.objectives import TOP_K_IS_CORRECTION
 from forge.models.prune import PrunedModel

@@ -15,7 +15,7 @@ import torch
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.data import Episode
 from forge.envs.config import EnvConfig
-from forge.envs.episode import EpisodeOutcome
+from forge.envs.runner import EpisodeOutcome
 from forge.loop import RLConfig, RLLoop, RunParts
 from forge.losses import group_advantages
 from forge.observability import Reduce, record_metric
@@ -28,6 +28,7 @@ class Config(RLConfig):
     reference: ReferenceConfig | None = None  # needed when trainer.loss.kl_coef > 0
 
     OBJECTIVE = "grpo"
+    REWARDS_ROLLOUTS = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -38,9 +39,6 @@ class Config(RLConfig):
                 "reward.functions is empty and env.factory (ToolTask) rewards nothing itself: "
                 "every advantage would be 0"
             )
-
-    def scores(self) -> bool:
-        return bool(self.reward.functions)  # every rollout's answer
 
     def roles(self) -> list[Role]:
         if self.reference is None:
@@ -59,7 +57,6 @@ class GRPO(RLLoop):
         self.reference = parts.actors.get("reference")
 
     async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
-        failures = await self.episodes.score([row] * len(outcomes), outcomes)
         advantages = group_advantages(torch.tensor([o.reward for o in outcomes]))
         completions = [o.trajectory.completion() for o in outcomes]
         episodes = [
@@ -75,7 +72,6 @@ class GRPO(RLLoop):
             record_metric("rollout/reward_std", o.reward, Reduce.STD)
             for name, value in o.rewards.items():
                 record_metric(f"rollout/reward/{name}", value)
-        record_metric("rollout/reward_failures", failures, Reduce.SUM)
         return episodes
 
 

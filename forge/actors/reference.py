@@ -2,7 +2,7 @@
 
 Two backends compute the same numbers, log p(token | everything before it):
     titan  a torchtitan forward pass in this process, padded batches of `max_batch` sequences.
-    vllm   a vLLM engine asked for prompt logprobs (forge.actors.vllm_scorer): faster on a
+    vllm   a vLLM engine asked for prompt logprobs (forge.actors.vllm.scorer): faster on a
            serving stack, temperature 1 only (vLLM's prompt logprobs are raw).
 
 As a teacher it can also return, at every completion position, its k most likely tokens
@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 import torch
 from monarch.actor import endpoint
 
-from forge.actors.vllm_scorer import TopLogprobs, VLLMScorer, check_temperature
+from forge.actors.vllm.scorer import TopLogprobs, VLLMScorer, check_temperature
 from forge.controller import ForgeActor, retry_safe
 from forge.controller.compute_thread import ComputeThread
 from forge.data.collate import first_position, gather_tokens, pad_sequences

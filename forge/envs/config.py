@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.envs.episode import EpisodeLimits
+from forge.envs.runner import EpisodeLimits
 from forge.imports import import_callable
 
 

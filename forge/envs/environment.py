@@ -5,7 +5,7 @@ messages), takes each of the model's turns (its text) and answers with the messa
 it (tool results, a user's feedback) and a reward, or ends the episode. It is plain async
 Python: forge renders the messages to tokens (forge.data.chat), samples the turns, keeps the
 trajectory token-exact (forge.data.trajectory) and enforces the episode's limits
-(forge.envs.episode).
+(forge.envs.runner).
 
     class GuessEnv:
         def __init__(self, row):

@@ -4,16 +4,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from forge.actors.buffer import ReplayBuffer, ReplayBufferConfig
 from forge.actors.dataset import DatasetActor
 from forge.actors.environment import EnvironmentActor
 from forge.actors.generator import Generator, GeneratorConfig
-from forge.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
-from forge.loop.record import RecordConfig
+from forge.loop.record.batches import RecordConfig
 from forge.loop.run_folder import CHECKPOINTS
 from forge.losses import ObjectiveName
 from forge.observability import MetricsConfig
@@ -146,6 +146,8 @@ class RunConfig:
     # The trainer's objective (trainer.objective): the app's, set by its Config. None here:
     # a run folder's saved config, read as RunConfig (forge replay), keeps the one it ran with.
     OBJECTIVE: ClassVar[ObjectiveName | None] = None
+    # Whether the reward functions score every rollout's answer (GRPO), or only eval answers.
+    REWARDS_ROLLOUTS: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.OBJECTIVE is not None:
@@ -182,9 +184,9 @@ class RunConfig:
         return self.eval.interval > 0
 
     def scores(self) -> bool:
-        """Whether the run needs the reward service: here, for the held-out eval only (and
-        only where reward functions are named: an environment may reward on its own)."""
-        return self.eval.interval > 0 and bool(self.reward.functions)
+        """Whether the run needs the reward service: where reward functions are named (an
+        environment may reward on its own), for the rollouts (`REWARDS_ROLLOUTS`) or the eval."""
+        return bool(self.reward.functions) and (self.REWARDS_ROLLOUTS or self.eval.interval > 0)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 from forge.concurrency import all_or_none
 from forge.data.datasets import DataConfig, PromptDataset, Row, open_dataset
 from forge.loop.config import EvalConfig
-from forge.loop.episodes import Episodes, record_outcomes
+from forge.loop.rollouts import Rollouts, record_outcomes
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
 
@@ -72,17 +72,17 @@ class Evaluator:
 
     Args:
         rows: the held-out dataset rows (forge.data.datasets layout).
-        episodes: plays and scores the episodes (its generators take the colocated turn).
+        rollouts: plays and scores the episodes (its generators take the colocated turn).
         cfg: the eval section (its `interval` and per-turn `max_tokens`).
         last_step: the run's last step, whose weights are always evaluated.
         path: the eval.jsonl file (appended).
     """
 
     def __init__(
-        self, rows: list[dict], episodes: Episodes, cfg: EvalConfig, last_step: int, path: Path
+        self, rows: list[dict], rollouts: Rollouts, cfg: EvalConfig, last_step: int, path: Path
     ) -> None:
         self.rows = rows
-        self.episodes = episodes
+        self.rollouts = rollouts
         self.sampling = {"temperature": 0.0, "max_tokens": cfg.max_tokens}
         self.interval = cfg.interval
         self.last_step = last_step
@@ -124,7 +124,7 @@ class Evaluator:
         start = time.perf_counter()
         played = await all_or_none(self._play(row) for row in self.rows)
         outcomes = [outcome for (outcome,) in played]
-        await self.episodes.score(self.rows, outcomes)
+        await self.rollouts.score(self.rows, outcomes)
         record_outcomes(outcomes, "eval/env")
         versions = [v for o in outcomes for v in o.trajectory.completion().sampled_versions()]
         names = sorted({name for o in outcomes for name in o.rewards})
@@ -142,7 +142,7 @@ class Evaluator:
         return result
 
     async def _play(self, row: dict) -> list:
-        return await self.episodes.play(row, 1, self.sampling, purpose="eval")
+        return await self.rollouts.play(row, 1, self.sampling, purpose="eval")
 
     def _record(self, result: dict[str, Any]) -> None:
         self.results.append(result)

@@ -1,7 +1,7 @@
 """RLLoop: training on the run's own samples, asynchronously by default, bounded in staleness.
 
 Rollout workers (several tasks): dataset row -> G episodes of the run's environment, their
-turns sampled by the generators (forge.loop.episodes; a single-turn task's episode is one
+turns sampled by the generators (forge.loop.rollouts; a single-turn task's episode is one
 completion) -> `score` (the app's: rewards and advantages for GRPO, teacher logprobs for
 distillation) -> replay buffer; an admission gate keeps at most (max_policy_age + 1) batches
 ahead of the trainer. Training loop: buffer.sample -> trainer.train_step -> publish (trainer push ->
@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forge.actors.replay_buffer import Sampled, left_buffer
+from forge.actors.buffer import Sampled, left_buffer
 from forge.controller.service import ReplicasLostError
 from forge.data.admission import AdmissionGate
 from forge.data.episode import Episode
-from forge.envs.episode import EpisodeOutcome
+from forge.envs.runner import EpisodeOutcome
 from forge.loop.config import RLConfig, overlaps
-from forge.loop.episodes import FAILED, record_outcomes
+from forge.loop.rollouts import FAILED, record_outcomes
 from forge.loop.run import Run
 from forge.loop.startup import RunParts
 from forge.loop.trainer_handle import TrainerDied
@@ -108,7 +108,8 @@ class RLLoop(Run):
 
     async def score(self, group: int, row: dict, outcomes: list[EpisodeOutcome]) -> list[Episode]:
         """The group's episodes, ready to train on (the app's objective decides what that is);
-        each outcome's trajectory is what was sampled, its reward what the environment gave."""
+        each outcome's trajectory is what was sampled, its reward what the environment gave plus,
+        where the app rewards its rollouts (`REWARDS_ROLLOUTS`), the reward functions' scores."""
         raise NotImplementedError
 
     def take_group(self) -> int:
@@ -166,7 +167,7 @@ class RLLoop(Run):
         """The row's G episodes, counted under `env/` and scored by the app; GroupFailed if
         one was cut short by its environment."""
         start = time.perf_counter()
-        outcomes = await self.episodes.play(row, self.cfg.group_size, seed=seed)
+        outcomes = await self.rollouts.play(row, self.cfg.group_size, seed=seed)
         played = time.perf_counter()
         record_metric("rollout/generate_s", played - start, Reduce.SUM)
         record_outcomes(outcomes)
@@ -176,6 +177,9 @@ class RLLoop(Run):
                 f"{len(failed)} of its {len(outcomes)} episodes ended by the environment "
                 f"({failed[0].status}: {failed[0].error}); the group is dropped"
             )
+        if self.cfg.REWARDS_ROLLOUTS:
+            failures = await self.rollouts.score([row] * len(outcomes), outcomes)
+            record_metric("rollout/reward_failures", failures, Reduce.SUM)
         episodes = await self.score(group, row, outcomes)
         record_metric("rollout/score_s", time.perf_counter() - played, Reduce.SUM)
         return episodes
@@ -360,7 +364,7 @@ class RLLoop(Run):
             except TrainerDied as e:
                 await self.restart_trainer(e)  # back at its checkpoint: those steps again
                 continue
-            record_metric("generator/idle_fraction", self.episodes.busy.idle_fraction())
+            record_metric("generator/idle_fraction", self.rollouts.busy.idle_fraction())
             logged.append(await self.log_step(step, self.started))
             self.placer.measured(time.perf_counter() - self.step_ended)
             self.step_ended = time.perf_counter()

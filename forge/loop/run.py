@@ -42,8 +42,8 @@ class Run:
         self.cfg, self.run_dir = cfg, Path(cfg.run_dir)
         self.folder, self.placer, self.data = parts.folder, parts.placer, parts.data
         self.lifecycle, self.logs, self.sync = parts.trainer, parts.logs, parts.sync
-        self.generator, self.episodes, self.evaluator = (
-            parts.generator, parts.episodes, parts.evaluator,
+        self.generator, self.rollouts, self.evaluator = (
+            parts.generator, parts.rollouts, parts.evaluator,
         )  # fmt: skip
         self.started, self.resumed, self._exits = parts.started, parts.resumed, parts.exits
         self.version = self.logged = parts.resumed

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import yaml
 
-from forge.actors.checkpointing import latest_step, step_folder
+from forge.actors.trainer.checkpointing import latest_step, step_folder
 from forge.config import ConfigError
-from forge.loop.record import BatchRecord
+from forge.loop.record.batches import BatchRecord
 
 CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"  # the folder of the run's checkpoints (trainer.checkpoint.enabled)

@@ -21,11 +21,11 @@ from forge.data.chat import ChatBridge
 from forge.data.datasets import PromptDataset, open_dataset
 from forge.data.rewards import check_columns, resolve_reward
 from forge.loop.config import RunConfig
-from forge.loop.episodes import Episodes
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.generator_sync import GeneratorSync
 from forge.loop.plan import plan_run
+from forge.loop.rollouts import Rollouts
 from forge.loop.run_folder import RunFolder
 from forge.loop.run_logs import RunLogs
 from forge.loop.spawn import spawn_roles
@@ -53,7 +53,7 @@ class RunParts:
     trainer: TrainerLifecycle
     logs: RunLogs
     generator: GeneratorHandle | None
-    episodes: Episodes | None
+    rollouts: Rollouts | None
     evaluator: Evaluator | None
     sync: GeneratorSync | None
     resumed: int  # the step of the checkpoint the run continues from (0: a new run)
@@ -95,16 +95,16 @@ async def start_parts(
     trainer = TrainerLifecycle(handle, cfg, placer, folder, logs, resumed)
     if (step := await handle.get_step()) != resumed:
         raise RuntimeError(f"trainer resumed step {step}, the run folder {resumed}")
-    generator = episodes = evaluator = sync = None
+    generator = rollouts = evaluator = sync = None
     if tokenizer is not None:
         generator = GeneratorHandle(actors["generator"], placer.turns)
         bridge = ChatBridge(await tokenizer)
-        episodes = _episodes(cfg, generator, bridge, actors)
-        evaluator = None if held_out is None else _evaluator(cfg, held_out, episodes)
+        rollouts = _rollouts(cfg, generator, bridge, actors)
+        evaluator = None if held_out is None else _evaluator(cfg, held_out, rollouts)
         sync = GeneratorSync(generator, trainer, transport, placer, logs, evaluator)
         generator.service.on_recover = sync.recover
     return RunParts(
-        folder, placer, data, actors, trainer, logs, generator, episodes, evaluator, sync,
+        folder, placer, data, actors, trainer, logs, generator, rollouts, evaluator, sync,
         resumed, started, exits,
     )  # fmt: skip
 
@@ -166,10 +166,10 @@ def _open_logs(
     return logs
 
 
-def _episodes(
+def _rollouts(
     cfg: RunConfig, generator: GeneratorHandle, bridge: ChatBridge, actors: dict[str, Any]
-) -> Episodes:
-    return Episodes(
+) -> Rollouts:
+    return Rollouts(
         cfg.env,
         generator,
         bridge,
@@ -180,10 +180,10 @@ def _episodes(
     )
 
 
-def _evaluator(cfg: RunConfig, held_out: EvalRows, episodes: Episodes) -> Evaluator:
+def _evaluator(cfg: RunConfig, held_out: EvalRows, rollouts: Rollouts) -> Evaluator:
     run_dir = Path(cfg.run_dir)
     held_out.write(run_dir / "eval_rows.jsonl")
-    return Evaluator(held_out.rows, episodes, cfg.eval, cfg.steps, run_dir / "eval.jsonl")
+    return Evaluator(held_out.rows, rollouts, cfg.eval, cfg.steps, run_dir / "eval.jsonl")
 
 
 def _summary(name: str, cfg: RunConfig, data: PromptDataset, held_out: EvalRows | None) -> str:

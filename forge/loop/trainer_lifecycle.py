@@ -9,8 +9,8 @@ from typing import Any
 from forge.controller import get_provisioner
 from forge.data.episode import Episode
 from forge.loop.config import RunConfig
-from forge.loop.record import BatchRecord, StepRecord
-from forge.loop.replay import how_to_replay
+from forge.loop.record.batches import BatchRecord, StepRecord
+from forge.loop.record.replay import how_to_replay
 from forge.loop.run_folder import RunFolder
 from forge.loop.run_logs import RunLogs
 from forge.loop.spawn import spawn_role
@@ -32,7 +32,7 @@ class TrainerLifecycle:
         checkpointed: the step of the newest checkpoint.
 
     Attributes:
-        record: the run's batch record (forge.loop.record).
+        record: the run's batch record (forge.loop.record.batches).
         stopped_at: the step the divergence guard stopped the run at (0: none).
     """
 

@@ -2,8 +2,9 @@
 
 from forge.losses.advantages import group_advantages
 from forge.losses.aggregation import AGGREGATIONS, Aggregation, aggregate, masked_mean, masked_sum
+from forge.losses.config import IS_CORRECTIONS, ISCorrection, LossConfig
 from forge.losses.distillation import reverse_kl_loss, top_k_reverse_kl_loss
-from forge.losses.grpo import IS_CORRECTIONS, GRPOConfig, ISCorrection, grpo_loss
+from forge.losses.grpo import grpo_loss
 from forge.losses.importance import (
     importance_ratio,
     masked_is_weights,
@@ -22,7 +23,7 @@ __all__ = [
     "Objective",
     "ObjectiveInputs",
     "ObjectiveName",
-    "GRPOConfig",
+    "LossConfig",
     "ISCorrection",
     "aggregate",
     "grpo_loss",

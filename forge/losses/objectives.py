@@ -1,6 +1,6 @@
 """Training objectives by name: what the trainer minimises on one collated batch.
 
-Each objective is a function `(ObjectiveInputs, GRPOConfig) -> (loss, metrics)`; the trainer
+Each objective is a function `(ObjectiveInputs, LossConfig) -> (loss, metrics)`; the trainer
 looks it up in OBJECTIVES by the name its config gives, so a new objective is one function and
 one entry here, with no change to the trainer.
 """
@@ -12,8 +12,9 @@ from typing import Literal
 from torch import Tensor
 
 from forge.losses.aggregation import masked_mean
+from forge.losses.config import LossConfig
 from forge.losses.distillation import reverse_kl_loss, top_k_reverse_kl_loss
-from forge.losses.grpo import GRPOConfig, grpo_loss, sampled_kl_weights
+from forge.losses.grpo import grpo_loss, sampled_kl_weights
 from forge.losses.sft import sft_loss
 
 ObjectiveName = Literal["grpo", "distill", "sft"]
@@ -50,10 +51,10 @@ TOP_K_IS_CORRECTION = (
     "per-token importance weight: set trainer.loss.is_correction to 'none'"
 )
 
-Objective = Callable[[ObjectiveInputs, GRPOConfig], tuple[Tensor, dict[str, Tensor]]]
+Objective = Callable[[ObjectiveInputs, LossConfig], tuple[Tensor, dict[str, Tensor]]]
 
 
-def grpo_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def grpo_objective(x: ObjectiveInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO. Without an IS correction it clips against the generator's logprobs (plain async
     PPO); with one, the proximal policy is the current one and the generator's logprobs give
     the IS ratio."""
@@ -73,7 +74,7 @@ def grpo_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[st
     return loss, metrics
 
 
-def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def distill_objective(x: ObjectiveInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """On-policy distillation: reverse KL to the teacher on the student's own samples.
 
     With the teacher's top k at each position, the KL there is computed exactly (over the top k
@@ -103,7 +104,7 @@ def distill_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict
     )
 
 
-def sft_objective(x: ObjectiveInputs, cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def sft_objective(x: ObjectiveInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """Cross-entropy on the masked (answer) tokens."""
     return sft_loss(x.logprobs, x.mask, cfg.aggregation, cfg.norm_length)
 

@@ -1,7 +1,7 @@
 """Moving a process onto CPU cores: the one implementation every process uses.
 
 Actors (through `ForgeActor.use_cores`, the trainer and the generator) and vLLM's engine
-process (forge.actors.vllm_worker) call these. Only os and torch are imported, so the engine's
+process (forge.actors.vllm.worker) call these. Only os and torch are imported, so the engine's
 process, which must not load Monarch, uses them too.
 """
 

@@ -20,7 +20,7 @@ from helper_runs import (
     trained,
 )
 
-from forge.loop.record import BatchRecord
+from forge.loop.record.batches import BatchRecord
 
 pytestmark = pytest.mark.integration
 

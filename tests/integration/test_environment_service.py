@@ -18,7 +18,7 @@ from forge.controller import shutdown
 from forge.data import Completion
 from forge.data.chat import ChatBridge
 from forge.envs.config import EnvConfig
-from forge.envs.episode import EpisodeLimits, play
+from forge.envs.runner import EpisodeLimits, play
 from forge.models import smollm2
 
 pytestmark = pytest.mark.integration

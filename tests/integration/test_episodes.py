@@ -13,7 +13,7 @@ from forge.controller import shutdown
 from forge.data import Episode
 from forge.data.chat import ChatBridge
 from forge.envs.environment import StepResult
-from forge.envs.episode import EpisodeLimits, run_episode
+from forge.envs.runner import EpisodeLimits, run_episode
 from forge.losses import mismatch_kl
 from forge.models import tiny_model
 from forge.weights.sync_config import WeightSyncConfig

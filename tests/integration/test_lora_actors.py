@@ -13,9 +13,9 @@ from peft import PeftModel
 from test_trainer import episodes, on_policy, sync_config, trainer_config
 from transformers import AutoModelForCausalLM
 
-from forge.actors.checkpointing import CheckpointConfig, step_folder
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import OptimizerConfig, TitanTrainer, TrainerConfig
+from forge.actors.trainer.checkpointing import CheckpointConfig, step_folder
 from forge.controller import shutdown
 from forge.losses import mismatch_kl
 from forge.models.lora import LoRAConfig

@@ -15,8 +15,8 @@ from forge.controller import shutdown
 from forge.data import Completion
 from forge.data.chat import ChatBridge
 from forge.envs.config import EnvConfig
-from forge.envs.episode import EpisodeLimits, play, run_episode
 from forge.envs.openenv import OpenEnvTask
+from forge.envs.runner import EpisodeLimits, play, run_episode
 from forge.models import smollm2
 
 pytestmark = pytest.mark.integration

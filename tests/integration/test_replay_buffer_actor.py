@@ -6,7 +6,7 @@ import os
 import pytest
 from monarch.actor import ActorError
 
-from forge.actors.replay_buffer import ReplayBuffer, ReplayBufferConfig
+from forge.actors.buffer import ReplayBuffer, ReplayBufferConfig
 from forge.controller import shutdown
 from forge.data import Completion, Episode
 

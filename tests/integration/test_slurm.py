@@ -34,7 +34,7 @@ from helper_slurm import (
 )
 from monarch.actor import endpoint
 
-from forge.actors.checkpointing import latest_step
+from forge.actors.trainer.checkpointing import latest_step
 from forge.controller import ProvisionerConfig, SlurmConfig, init_provisioner, shutdown
 
 PARTITION = "debug"

@@ -34,7 +34,7 @@ from helper_slurm import (
 )
 from jupyter_client.manager import start_new_kernel
 
-from forge.actors.checkpointing import complete_steps, latest_step
+from forge.actors.trainer.checkpointing import complete_steps, latest_step
 
 PARTITION = "two"
 _SKIP = no_slurm_reason(PARTITION)

@@ -11,8 +11,8 @@ import pytest
 from monarch.actor import ActorError, endpoint
 
 from forge.actors.generator import GeneratorConfig
-from forge.actors.generator.engine import checkpoint_shapes, start_engine
 from forge.actors.generator.weight_updates import WeightUpdates
+from forge.actors.vllm.engine import checkpoint_shapes, start_engine
 from forge.controller import ForgeActor, shutdown
 from forge.models import tiny_model
 from forge.models.titan import hf_state_dict

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from helper_runs import wait_until
 
-from forge.actors.replay_buffer import EpisodeBuffer, ReplayBufferConfig
+from forge.actors.buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data import Completion, Episode
 from forge.data.admission import AdmissionGate
 

@@ -1,4 +1,4 @@
-"""Episodes turn by turn (forge.envs.episode) with scripted turns and environments: how each
+"""Episodes turn by turn (forge.envs.runner) with scripted turns and environments: how each
 ends, what its trajectory holds, and that an environment's failure ends only its episode."""
 
 import asyncio
@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from forge.data import Completion
 from forge.data.chat import ChatBridge
 from forge.envs.environment import StepResult
-from forge.envs.episode import EpisodeLimits, run_episode
+from forge.envs.runner import EpisodeLimits, run_episode
 from forge.models import smollm2
 
 

@@ -11,8 +11,8 @@ from vllm.outputs import CompletionOutput, WeightVersionSpan
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 from forge.actors.generator import GeneratorConfig, SamplingConfig
-from forge.actors.generator.engine_stats import EngineStats
 from forge.actors.generator.requests import Requests, Sample
+from forge.actors.vllm.engine_stats import EngineStats
 from forge.models import smollm2
 
 

@@ -6,7 +6,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from forge.actors.generator.engine import checkpoint_shapes
+from forge.actors.vllm.engine import checkpoint_shapes
 from forge.config import ConfigError, load_config
 from forge.loop.config import RunConfig
 from forge.models import tiny_model

@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from forge.losses import (
-    GRPOConfig,
+    LossConfig,
     aggregate,
     group_advantages,
     grpo_loss,
@@ -117,7 +117,7 @@ def test_k3_as_a_loss_follows_the_forward_kl_gradient():
 
 
 def test_clipping_at_edges_for_positive_and_negative_advantages():
-    cfg = GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28)  # bounds 0.8 and 1.28
+    cfg = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28)  # bounds 0.8 and 1.28
     ratios = [0.5, 0.8, 1.0, 1.28, 1.5]
     logp = log(ratios, ratios).requires_grad_()
     old = torch.zeros(2, 5)
@@ -138,7 +138,7 @@ def test_clipping_at_edges_for_positive_and_negative_advantages():
 
 def test_per_sequence_advantages_broadcast_over_tokens_even_when_batch_equals_seq():
     logp = leaf([-1.0, -1.0], [-1.0, -1.0])
-    loss, _ = grpo_loss(logp, None, t(1.0, -1.0), torch.ones(2, 2), GRPOConfig())
+    loss, _ = grpo_loss(logp, None, t(1.0, -1.0), torch.ones(2, 2), LossConfig())
     loss.backward()
     # r = 1, so the per-token gradient is -A / 4: row 0 has A = 1, row 1 has A = -1.
     assert_close(logp.grad, t([-0.25, -0.25], [0.25, 0.25]))
@@ -146,7 +146,7 @@ def test_per_sequence_advantages_broadcast_over_tokens_even_when_batch_equals_se
 
 def test_old_logprobs_are_a_constant_even_when_passed_with_gradient():
     logp = leaf([-1.0, -2.0])
-    loss, _ = grpo_loss(logp, logp * 1, t(1.0), torch.ones(1, 2), GRPOConfig())
+    loss, _ = grpo_loss(logp, logp * 1, t(1.0), torch.ones(1, 2), LossConfig())
     loss.backward()
     assert_close(logp.grad, t([-0.5, -0.5]))  # -A * r / 2, not 0
 
@@ -157,7 +157,7 @@ def test_grpo_aggregations_on_a_ragged_batch():
     results = {}
     for mode in ("token_mean", "sequence_mean", "sequence_sum_norm"):
         logp = leaf([-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0])
-        loss, _ = grpo_loss(logp, None, advantages, mask, GRPOConfig(aggregation=mode))
+        loss, _ = grpo_loss(logp, None, advantages, mask, LossConfig(aggregation=mode))
         loss.backward()
         results[mode] = loss.item(), logp.grad
     assert results["token_mean"][0] == pytest.approx(-0.25)  # (-3 + 2) / 4
@@ -169,7 +169,7 @@ def test_grpo_aggregations_on_a_ragged_batch():
 
 
 def test_padding_values_reach_neither_loss_nor_gradient():
-    cfg = GRPOConfig(is_correction="tis", kl_coef=0.1)
+    cfg = LossConfig(is_correction="tis", kl_coef=0.1)
     mask = t([1, 1, 0], [1, 0, 0])
 
     def run(pad: float):
@@ -204,7 +204,7 @@ def test_tis_truncates_the_weight_at_the_cap():
     old = torch.zeros(1, 4)
     behaviour = -log([0.5, 1.0, 2.0, 4.0])
     logp = leaf([0.0, 0.0, 0.0, 0.0])  # r = 1: only the IS weight shapes the loss
-    cfg = GRPOConfig(is_correction="tis", tis_cap=2.0)
+    cfg = LossConfig(is_correction="tis", tis_cap=2.0)
     loss, metrics = grpo_loss(logp, old, t(1.0), torch.ones(1, 4), cfg, behaviour)
     loss.backward()
     # w = min(rho, 2) = [0.5, 1, 2, 2]; loss = -sum(w) / 4 = -5.5 / 4
@@ -219,7 +219,7 @@ def test_tis_truncates_the_weight_at_the_cap():
 
 def test_tis_on_fresh_data_uses_the_detached_current_logprobs_as_proximal():
     logp = log([0.5, 1.0, 2.0, 4.0]).requires_grad_()  # trainer; the generator said log 1 = 0
-    cfg = GRPOConfig(is_correction="tis", tis_cap=2.0)
+    cfg = LossConfig(is_correction="tis", tis_cap=2.0)
     loss, metrics = grpo_loss(logp, None, t(-1.0), torch.ones(1, 4), cfg, torch.zeros(1, 4))
     loss.backward()
     # r = 1 in value; gradient per token = -A * w / 4 = w / 4, w = [0.5, 1, 2, 2]
@@ -231,7 +231,7 @@ def test_mis_drops_tokens_outside_the_bounds_and_keeps_the_bounds():
     old = torch.zeros(1, 5)
     behaviour = -log([0.25, 0.5, 1.0, 2.0, 4.0])  # rho = [0.25, 0.5, 1, 2, 4]
     logp = leaf([0.0, 0.0, 0.0, 0.0, 0.0])
-    cfg = GRPOConfig(is_correction="mis", mis_low=0.5, mis_high=2.0)
+    cfg = LossConfig(is_correction="mis", mis_low=0.5, mis_high=2.0)
     loss, metrics = grpo_loss(logp, old, t(1.0), torch.ones(1, 5), cfg, behaviour)
     loss.backward()
     # Kept: rho = 0.5, 1, 2 (bounds included), weighted by rho, averaged over the 3 kept tokens.
@@ -243,7 +243,7 @@ def test_mis_drops_tokens_outside_the_bounds_and_keeps_the_bounds():
 
 def test_kl_penalty_adds_beta_times_k3():
     logp = leaf([-1.0, -2.0, -1.0])
-    cfg = GRPOConfig(kl_coef=0.1)
+    cfg = LossConfig(kl_coef=0.1)
     loss, metrics = grpo_loss(logp, None, t(0.0), torch.ones(1, 3), cfg, ref_logprobs=REF)
     loss.backward()
     # A = 0 leaves only the KL: 0.1 * (0.10653066 + 0 + 0.14872127) / 3
@@ -257,9 +257,9 @@ def test_kl_penalty_adds_beta_times_k3():
 def test_missing_inputs_raise():
     logp, ones = torch.zeros(1, 2), torch.ones(1, 2)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
-        grpo_loss(logp, None, t(1.0), ones, GRPOConfig(is_correction="mis"))
+        grpo_loss(logp, None, t(1.0), ones, LossConfig(is_correction="mis"))
     with pytest.raises(ValueError, match="ref_logprobs"):
-        grpo_loss(logp, None, t(1.0), ones, GRPOConfig(kl_coef=0.01))
+        grpo_loss(logp, None, t(1.0), ones, LossConfig(kl_coef=0.01))
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ def test_missing_inputs_raise():
 )
 def test_grpo_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
-        GRPOConfig(**{field: value})
+        LossConfig(**{field: value})
 
 
 # --- advantages ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The batch record (forge.loop.record) and the checks `forge replay` makes before it starts a
-process (forge.loop.replay): where a replay starts, which keys a what-if may change."""
+"""The batch record (forge.loop.record.batches) and the checks `forge replay` makes before it
+starts a process (forge.loop.record.replay): where a replay starts, which keys a what-if may
+change."""
 
 import dataclasses
 import json
@@ -11,8 +12,8 @@ import yaml
 from forge.data.completion import Completion
 from forge.data.episode import Episode
 from forge.loop.config import RLConfig
-from forge.loop.record import BatchRecord, RecordConfig, RecordError, StepRecord
-from forge.loop.replay import ReplayError, checkpoint_folder, load_run, read, replay_steps
+from forge.loop.record.batches import BatchRecord, RecordConfig, RecordError, StepRecord
+from forge.loop.record.replay import ReplayError, checkpoint_folder, load_run, read, replay_steps
 from forge.loop.run_folder import RunFolder, config_dict
 
 

@@ -8,7 +8,7 @@ from typing import get_args
 
 import pytest
 
-from forge.actors.replay_buffer import SAMPLERS, EpisodeBuffer, ReplayBufferConfig, Sampling
+from forge.actors.buffer import SAMPLERS, EpisodeBuffer, ReplayBufferConfig, Sampling
 from forge.config import ConfigError, load_config
 from forge.data import Completion, Episode
 from forge.loop import RLConfig

@@ -4,7 +4,7 @@ run in a real engine: tests/integration/test_weight_updates.py."""
 
 import torch
 
-from forge.actors.staged_weights import plan
+from forge.actors.vllm.staged_weights import plan
 from forge.weights.manifest import build_manifest
 
 VOCAB, HIDDEN, HEAD = 32, 8, 4

@@ -7,7 +7,8 @@ import torch
 from forge.data import Completion, Episode
 from forge.data.collate import collate
 from forge.data.trajectory import Trajectory
-from forge.losses.grpo import GRPOConfig, grpo_loss
+from forge.losses.config import LossConfig
+from forge.losses.grpo import grpo_loss
 
 PROMPT = [1, 2, 3]
 
@@ -76,7 +77,7 @@ def test_observation_tokens_move_neither_the_loss_nor_its_gradient():
         logprobs = batch.behaviour_logprobs.clone() + noise * observed
         logprobs.requires_grad_(True)
         old = batch.behaviour_logprobs - 0.1  # ratios away from 1, so the loss is not 0
-        loss, _ = grpo_loss(logprobs, old, batch.advantages, batch.mask, GRPOConfig())
+        loss, _ = grpo_loss(logprobs, old, batch.advantages, batch.mask, LossConfig())
         loss.backward()
         return loss.item(), logprobs.grad
 

@@ -22,10 +22,10 @@ from monarch.actor.concurrent import concurrent_endpoint
 from forge.actors.generator.adapter import AdapterSlot
 from forge.actors.generator.busy import BusySpans, Purpose
 from forge.actors.generator.config import GeneratorConfig, check_update_mode
-from forge.actors.generator.engine import checkpoint_shapes, start_engine
-from forge.actors.generator.engine_stats import EngineStats
 from forge.actors.generator.requests import Requests
 from forge.actors.generator.weight_updates import WeightUpdates
+from forge.actors.vllm.engine import checkpoint_shapes, start_engine
+from forge.actors.vllm.engine_stats import EngineStats
 from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
 from forge.models.lora import peft_shapes

@@ -76,12 +76,3 @@ def _remove(path: Path) -> None:
     for file in path.iterdir():
         file.unlink()
     path.rmdir()
-
-
-def max_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM 0.32.0 accepts as `max_lora_rank` that fits `rank`."""
-    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-    fits = [r for r in allowed if r >= rank]
-    if not fits:
-        raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {allowed[-1]}")
-    return fits[0]

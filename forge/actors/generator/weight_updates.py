@@ -2,7 +2,7 @@
 
 An update first finds the version and pins its file (rdma, torchstore: fetches it and stages it
 in this host's shared memory first). Then, one update at a time, the engine verifies the pinned
-bytes and builds the version beside its live weights (`forge.actors.staged_weights`; a model it
+bytes and builds the version beside its live weights (`forge.actors.vllm.staged_weights`; a model it
 cannot build that way verifies and reloads in the pause instead). The requests in flight go on
 generating all along; new ones wait for the update to end, so that they generate on its version
 (`settled`). The update pauses the engine as the update mode says, swaps the built weights in,

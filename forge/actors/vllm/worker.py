@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from forge.actors import staged_weights
+from forge.actors.vllm import staged_weights
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version

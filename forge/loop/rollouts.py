@@ -1,4 +1,4 @@
-"""Episodes: every rollout and every eval answer, played in the run's environment.
+"""Rollouts: every rollout and every eval answer, played in the run's environment.
 
 A data row becomes `n` episodes of the `env` section's environment (forge.envs), each turn
 sampled by the generators from the episode's own token ids. The single-turn task (the default:
@@ -23,18 +23,18 @@ from forge.data.completion import Completion
 from forge.data.trajectory import Trajectory
 from forge.envs.config import EnvConfig
 from forge.envs.environment import Environment, EnvironmentLost
-from forge.envs.episode import EpisodeOutcome, play
+from forge.envs.runner import EpisodeOutcome, play
 from forge.loop.generator_handle import GeneratorHandle
 from forge.observability import Reduce, record_metric
 from forge.observability.busy import BusyClock
 
 TURN_SEED = 1_000_033
-# Episodes that ended this way were cut short by their environment: no answer to score.
+# Rollouts that ended this way were cut short by their environment: no answer to score.
 FAILED = ("error", "timeout")
 _SUMMED = ("errors", "timeouts", "restarts")  # counted over the episodes, not averaged
 
 
-class Episodes:
+class Rollouts:
     """Plays a row's episodes and scores their answers.
 
     Args:
@@ -132,10 +132,10 @@ class _Turns:
     """One episode's sampler: turn t seeded `seed + t * TURN_SEED`, within the turn budget."""
 
     def __init__(
-        self, episodes: Episodes, sampling: dict[str, Any], seed: int | None, purpose: str
+        self, rollouts: Rollouts, sampling: dict[str, Any], seed: int | None, purpose: str
     ) -> None:
-        self.episodes, self.sampling, self.seed, self.purpose = episodes, sampling, seed, purpose
-        self.budget = sampling.get("max_tokens", episodes.turn_tokens)
+        self.rollouts, self.sampling, self.seed, self.purpose = rollouts, sampling, seed, purpose
+        self.budget = sampling.get("max_tokens", rollouts.turn_tokens)
         self.count = 0
 
     async def sample(self, context: list[int], left: int | None) -> Completion:
@@ -147,9 +147,9 @@ class _Turns:
             params["seed"] = self.seed + self.count * TURN_SEED
         self.count += 1
         # generator/idle_fraction: the time rollouts keep the generators busy.
-        busy = self.episodes.busy if self.purpose == "rollout" else contextlib.nullcontext()
+        busy = self.rollouts.busy if self.purpose == "rollout" else contextlib.nullcontext()
         async with busy:
-            (turn,) = await self.episodes.generator.generate(context, 1, params, self.purpose)
+            (turn,) = await self.rollouts.generator.generate(context, 1, params, self.purpose)
         return turn
 
 
