@@ -29,8 +29,8 @@ from forge.observability.console import say
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/grpo/smollm2_cpu.yaml"
-# The commit before issue 36's changes (the staged swap, the step's laps).
-BEFORE = "47a3192"
+# The commit before issue 48's changes (the run as parts, batches waited for).
+BEFORE = "ae7de92"
 CASES = {  # name: overrides of `make grpo`'s command line
     "make grpo": [],
     "64 sequences, colocated": [
@@ -40,13 +40,21 @@ CASES = {  # name: overrides of `make grpo`'s command line
     ],
     "16 sequences, split": ["placement=split"],
 }
-QUIET = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.enabled=false"]
+QUIET = ["eval.interval=0", "export_hf=false"]
+
+
+def no_checkpoints(tree: Path) -> str:
+    """The override that turns checkpoints off, in `tree`'s spelling: before issue 48 a config
+    named the folder (`checkpoint: {folder: ...}`), and null turned them off."""
+    if "checkpoint: {folder:" in (tree / CONFIG).read_text():
+        return "trainer.checkpoint.folder=null"
+    return "trainer.checkpoint.enabled=false"
 
 
 def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:
     """One `forge run` of the GRPO app from `tree`'s code; its steady seconds per step."""
     run_dir = Path(tempfile.mkdtemp(prefix="forge-bench-before-after-"))
-    args = [*QUIET, *overrides, f"steps={steps}", f"run_dir={run_dir}"]
+    args = [*QUIET, no_checkpoints(tree), *overrides, f"steps={steps}", f"run_dir={run_dir}"]
     command = [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", CONFIG]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # ahead of the editable install's finder
     with log.open("w") as out:
