@@ -4,13 +4,14 @@ run from an earlier commit and from this one, side by side in one run.
 The earlier commit is checked out in a git worktree of its own (removed at the end). Every run
 is `python -m forge run` in a process of its own, from its tree's code with this environment's
 packages, so neither side's driver inherits the other's heap or threads; the runs alternate,
-before then after, `--repeats` times, so that a drifting machine falls on both sides. Seconds
+before then after, then after then before, `--repeats` times, so that a drifting machine falls
+on both sides and neither always runs second. Seconds
 per step are the median over steps 2..N-1 of each run's elapsed time (the first step also
 starts the pipeline, the last waits for the final update). Prints, per case, each side's
 runs and after / before (below 1: faster now). Each run's console output goes to a log
 beside the bench's library log.
 
-    python bench/before_after.py [--before COMMIT] [--steps 6] [--repeats 2]
+    python bench/before_after.py [--before COMMIT] [--steps 6] [--repeats 2] [--cases NAME ...]
 """
 
 import argparse
@@ -82,8 +83,8 @@ def main(args: argparse.Namespace, logs: Path) -> None:
     trees = {"before": worktree(sha), "after": ROOT}
     result = Result("before_after")
     try:
-        for case, overrides in CASES.items():
-            times = measure(case, overrides, trees, args, logs)
+        for case in args.cases:
+            times = measure(case, CASES[case], trees, args, logs)
             report(case, times, sha, result)
     finally:
         git = ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees["before"])]
@@ -98,7 +99,8 @@ def measure(
     times: dict[str, list[float]] = {side: [] for side in trees}
     slug = case.replace(" ", "_").replace(",", "")
     for repeat in range(args.repeats):
-        for side, tree in trees.items():
+        order = list(trees.items())
+        for side, tree in order if repeat % 2 == 0 else reversed(order):
             log = logs / f"{slug}-{side}-{repeat}.log"
             times[side].append(run(tree, overrides, args.steps, log))
             say(f"{case}, {side} ({repeat + 1}/{args.repeats}): {times[side][-1]:.2f} s/step")
@@ -122,4 +124,5 @@ if __name__ == "__main__":
     parser.add_argument("--before", default=BEFORE, help="the earlier commit")
     parser.add_argument("--steps", type=int, default=6, help="at least 3")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     main(parser.parse_args(), library_log.parent)
