@@ -7,10 +7,27 @@ from typing import Any
 # private bindings. Import it from `forge.controller`.
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-__all__ = ["SupervisionError", "stop_proc_mesh"]
+__all__ = ["SupervisionError", "allow_slow_acks", "stop_proc_mesh"]
 
 # Long enough for a live mesh's buffered log lines to arrive.
 LOG_FLUSH_TIMEOUT_S = 3.0
+# Monarch's wait for a message's acknowledgement, raised from its default of 30 s.
+SLOW_ACK_TIMEOUT = "120s"
+
+
+def allow_slow_acks() -> None:
+    """Lets a process that is alive but starved (starting on cores other processes load)
+    acknowledge a message late, instead of being reported dead.
+
+    torchmonarch 0.7.0 reports a process whose acknowledgement takes over 30 s as crashed ("timeout
+    waiting for message from proc mesh agent ... The process likely crashed"); `forge replay`'s
+    trainer ranks, started on a busy machine, were so reported and then found alive when
+    stopped. A process that exits is still reported at once, from its exit status. Call before
+    spawning: the spawned processes take the setting with them.
+    """
+    from monarch.config import configure
+
+    configure(message_delivery_timeout=SLOW_ACK_TIMEOUT)
 
 
 async def stop_proc_mesh(mesh: Any) -> None:
