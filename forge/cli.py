@@ -1,18 +1,21 @@
 """The `forge` command line (also `python -m forge`).
 
-    forge run APP_PATH [--config FILE] [--verbose] [key=value ...]
-    forge submit APP_PATH [--config FILE] [--partition P] [--nodes N] [--time T] [--account A]
+    forge run APP_PATH --config FILE [--verbose] [key=value ...]
+    forge submit APP_PATH --config FILE [--partition P] [--nodes N] [--time T] [--account A]
                  [--qos Q] [--dry-run] [key=value ...]
     forge clean
     forge replay RUN_DIR (--step N | --all) [--verbose] [key=value ...]
-    forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
+    forge plan APP_PATH --config FILE [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
                [key=value ...]
+    forge config show APP_PATH --config FILE [--key KEY] [key=value ...]
+    forge --version
 
 `forge run` runs an app: a python file such as apps/grpo/main.py that defines `main(cfg)`, plain or
 `async def`, whose first parameter is annotated with the app's config dataclass. The config is
-loaded from FILE and the overrides (see forge.config) before main is called, so a bad config
-fails with one line before any process starts. When the config has a `run_dir`, everything
-but forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
+loaded from FILE (required: configs/ holds one per app and machine) and the overrides
+(`trainer.optimizer.lr=1e-4`, see forge.config) before main is called, so a bad config fails
+with one line before any process starts. When the config has a `run_dir`, everything but
+forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
 <run_dir>/forge.log unless `--verbose`.
 
 `forge submit` runs the same `forge run` command as one SLURM batch job, the driver inside the
@@ -31,11 +34,16 @@ itself failed (a trainer died).
 `forge plan` prints where every proc mesh of the run would go (hosts, GPUs, cores; see
 forge/loop/plan.py), on the config's cluster or the shape given, and refuses an impossible
 config with one line, as `forge run` does before starting anything.
+
+`forge config show` loads the config as `forge run` does and prints each setting on a line: its
+dotted key, value, default and meaning (forge/config_fields.py); `--key trainer.optimizer`
+prints that section alone.
 """
 
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import importlib.util
 import inspect
 import sys
@@ -51,6 +59,10 @@ from forge.observability.console import capture_to, say
 
 # The name an app file is imported under: apps/ is not a package, so it has no dotted name.
 APP_MODULE = "forge_app"
+# The installed distribution whose version `forge --version` prints: pyproject.toml's name.
+DISTRIBUTION = "forge"
+# The config a refusal for a missing --config names: the smallest that runs.
+EXAMPLE_CONFIG = "configs/grpo/tiny_cpu.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,13 +77,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge", description="forge: async RL post-training")
+    parser.add_argument("--version", action="version", version=f"forge {_version()}")
     commands = parser.add_subparsers(title="commands", required=True)
     run = commands.add_parser(
         "run",
-        usage="forge run APP_PATH [--config FILE] [--verbose] [key=value ...]",
+        usage="forge run APP_PATH --config FILE [--verbose] [key=value ...]",
         help="run an app with its config",
         description="Load the config, then call main(cfg) of the app file.",
-        epilog="key=value overrides take dotted keys (trainer.lr=1e-4), parsed as yaml.",
+        epilog="key=value overrides take dotted keys (trainer.optimizer.lr=1e-4), parsed as "
+        "yaml; `forge config show` lists every key.",
     )
     _add_app_arguments(run)
     run.add_argument(
@@ -89,13 +103,21 @@ def _parser() -> argparse.ArgumentParser:
     clean.set_defaults(command=_clean)
     _add_replay(commands)
     _add_plan(commands)
+    _add_config(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
 
 
 def _add_submit(commands: Any) -> None:
     submit = commands.add_parser(
         "submit",
-        usage="forge submit APP_PATH [--config FILE] [--partition P] [--nodes N] [--time T] "
+        usage="forge submit APP_PATH --config FILE [--partition P] [--nodes N] [--time T] "
         "[--account A] [--qos Q] [--dry-run] [key=value ...]",
         help="run an app as one SLURM batch job",
         description="Submit `forge run APP_PATH ...` as one SLURM batch job whose driver runs "
@@ -187,7 +209,7 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     run_dir = Path(cfg.run_dir).resolve()
     log = run_dir / "slurm-%j.out"
     command = [slurm.python_exe or sys.executable, "-m", "forge", "run", str(args.app)]
-    command += [*(["--config", str(args.config)] if args.config else []), *overrides]
+    command += ["--config", str(args.config), *overrides]
     try:
         script = batch_script(
             command, slurm, nodes=cfg.provisioner.nodes, log=log, workdir=Path.cwd()
@@ -204,7 +226,24 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def _add_app_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("app", metavar="APP_PATH", type=Path, help="python file defining main(cfg)")
-    parser.add_argument("--config", metavar="FILE", type=Path, help="yaml config file")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help=f"yaml config file (required), e.g. {EXAMPLE_CONFIG}",
+    )
+
+
+def _load_app_config(
+    args: argparse.Namespace, overrides: list[str], command: str
+) -> tuple[Callable[[Any], Any], type, Any]:
+    """The app's main, its config class and its config loaded from --config and `overrides`:
+    the one way every command taking an APP_PATH loads it."""
+    # Required, not defaulted: a forgotten --config would start a run of the defaults.
+    if args.config is None:
+        _fail(f"error: forge {command} needs --config FILE, e.g. --config {EXAMPLE_CONFIG}")
+    app_main, schema = load_app(args.app)
+    return app_main, schema, load_config(schema, args.config, overrides)
 
 
 def _load_run_config(
@@ -213,16 +252,16 @@ def _load_run_config(
     """The app's config class and its loaded config, for commands that need a RunConfig."""
     from forge.loop import RunConfig
 
-    _, schema = load_app(args.app)
-    if not issubclass(schema, RunConfig):
+    _, schema, cfg = _load_app_config(args, overrides, command)
+    if not isinstance(cfg, RunConfig):
         _fail(f"error: {args.app}: forge {command} needs an app whose config is a RunConfig")
-    return schema, load_config(schema, args.config, overrides)
+    return schema, cfg
 
 
 def _add_plan(commands: Any) -> None:
     plan = commands.add_parser(
         "plan",
-        usage="forge plan APP_PATH [--config FILE] [--hosts N] [--gpus-per-host G] "
+        usage="forge plan APP_PATH --config FILE [--hosts N] [--gpus-per-host G] "
         "[--cpus-per-host C] [key=value ...]",
         help="print where every proc mesh of a run would go, or why it cannot",
         description="Load the config and place every proc mesh of the run on the cluster "
@@ -266,6 +305,35 @@ def _predictions(cfg: Any, cores: int) -> str:
     return f"pipeline model (calibration cached here):\n{table(options, fastest(options))}"
 
 
+def _add_config(commands: Any) -> None:
+    config = commands.add_parser(
+        "config",
+        help="show an app's config",
+        description="Inspect an app's config as `forge run` loads it.",
+    )
+    show = config.add_subparsers(title="commands", required=True).add_parser(
+        "show",
+        usage="forge config show APP_PATH --config FILE [--key KEY] [key=value ...]",
+        help="print every setting: its value, default and meaning",
+        description="Load the config as `forge run` does and print each setting on a line: "
+        "its dotted key, value and default (as JSON) and its meaning, from the docstring of "
+        "the config dataclass that declares it.",
+        epilog="e.g. forge config show apps/grpo/main.py --config configs/grpo/tiny_cpu.yaml "
+        "trainer.optimizer.lr=1e-4 --key trainer.optimizer",
+    )
+    _add_app_arguments(show)
+    show.add_argument("--key", help="only this setting, or the settings of this section")
+    show.set_defaults(command=_config_show)
+
+
+def _config_show(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge config show`: one line per setting of the loaded config (under --key)."""
+    from forge.config_fields import settings
+
+    _, _, cfg = _load_app_config(args, overrides, "config show")
+    print("\n".join(s.line() for s in settings(cfg, args.key)))
+
+
 def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge clean`: one line per folder removed, then the total."""
     if overrides:
@@ -285,8 +353,7 @@ def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
-    app_main, schema = load_app(args.app)
-    cfg = load_config(schema, args.config, overrides)
+    app_main, _, cfg = _load_app_config(args, overrides, "run")
     try:
         _run_app(args, app_main, cfg)
     except Exception as e:

@@ -3,17 +3,18 @@
 A config is a dataclass (holding other dataclasses, lists, dicts, Optional values, and choices
 as an Enum or a Literal); a yaml file maps onto it one to one. `load_config` applies, in order,
 the dataclass defaults, the yaml file and `key=value` overrides with dotted keys
-(`trainer.lr=1e-4`, values parsed as yaml), resolves `${...}` interpolations and returns an
-instance of the dataclass. Checks that span several fields belong in `__post_init__`, raising
-ValueError. A dataclass whose key was renamed or removed says so in a class attribute
-`RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the error quotes it.
-A key there that is still a field is one the config derives (its `__post_init__`, or the
-app, fills it in): no input sets it, but a run folder's saved config (`known_only`) holds it.
+(`trainer.optimizer.lr=1e-4`, values parsed as yaml), resolves `${...}` interpolations and
+returns an instance of the dataclass. Checks that span several fields belong in
+`__post_init__`, raising ValueError. A dataclass whose key was renamed or removed says so in a
+class attribute `RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the
+error quotes it. A key there that is still a field is one the config derives (its
+`__post_init__`, or the app, fills it in): no input sets it, but a run folder's saved config
+(`known_only`) holds it.
 
 Every bad input raises ConfigError, whose message is one line naming where the input came from
 (the yaml file, or "command line") and the full dotted key:
 
-    configs/grpo.yaml: trainer.lr: Value 'fast' of type 'str' could not be converted to Float
+    run.yaml: trainer.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float
 """
 
 import contextlib

@@ -24,8 +24,15 @@ from forge.placement.roles import Role
 
 @dataclass
 class Config(RLConfig):
+    """RLConfig plus the reference model.
+
+    Args:
+        reference: the frozen model the KL term is taken to; needed when
+            trainer.loss.kl_coef > 0, else None (no reference model runs).
+    """
+
     run_dir: str = "runs/grpo"
-    reference: ReferenceConfig | None = None  # needed when trainer.loss.kl_coef > 0
+    reference: ReferenceConfig | None = None
 
     OBJECTIVE = "grpo"
     REWARDS_ROLLOUTS = True

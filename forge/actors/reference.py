@@ -31,6 +31,8 @@ class ReferenceConfig:
     """The frozen model, and the temperature its logprobs are taken at (the generator's).
 
     Args:
+        model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
+        temperature: the temperature its logprobs are taken at: the generator's sampling one.
         backend: "titan" (a torchtitan forward pass) or "vllm" (a vLLM engine's prompt
             logprobs; temperature must be 1.0).
         max_batch: titan: sequences per forward pass, bounds memory; vllm: unused (the

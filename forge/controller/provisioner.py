@@ -46,6 +46,7 @@ class ProvisionerConfig:
         cpus_per_host: None uses the cores this process may run on.
         stop_timeout_s: how long stopping a proc mesh may take before it counts as failed
             (Monarch's stop can wait forever, e.g. on a host whose agent died).
+        slurm: what to ask SLURM for (SlurmConfig): the slurm launcher's and `forge submit`'s.
     """
 
     launcher: Launcher = "local"

@@ -96,6 +96,8 @@ class RunConfig:
             folder that holds a run.
         max_trainer_restarts: how many times a dead trainer is respawned from its checkpoint
             before the run fails.
+        seed: seeds the run's sampling (each group's generation seed) and the SFT app's batch
+            order.
         export_hf: write the trained model as a Hugging Face folder (run_dir/hf) at the end;
             with weight_sync.lora, the adapter as a PEFT folder.
         export_merged: with weight_sync.lora and export_hf, also write the model with the adapter
@@ -106,12 +108,20 @@ class RunConfig:
             them while it runs. "auto": on one CPU host, colocated processes that a short
             calibration then gives all the cores in turn or splits between them, whichever
             the pipeline model predicts faster; elsewhere "split".
+        generator: the vLLM engines: model, context, KV cache, sampling defaults, update mode.
+        trainer: the trained model, its optimizer, schedule, loss and checkpoints.
         weight_sync: what a published version holds (dtype, LoRA adapters or full weights)
             and how it travels: one section, given to the trainer and to the generators.
-        env: the environment every rollout and eval answer is an episode of (docs/
-            environments.md); by default the single-turn task.
+        reward: the reward functions that score answers.
+        env: the environment every rollout and eval answer is an episode of
+            (docs/environments.md); by default the single-turn task.
+        eval: the held-out evaluation: which rows, how often.
+        metrics: where the run's metrics go besides run_dir/metrics.jsonl.
         record: which steps' batches the run folder keeps for `forge replay`
             (docs/run_folder.md).
+        provisioner: the hosts the run's processes start on (local, emulated or SLURM nodes).
+        generator_resources: the generators' processes and devices.
+        trainer_resources: the trainer's processes and devices; its ranks are procs x hosts.
         env_resources: unset: the environments live in the loop's process (for tasks whose
             steps are quick and never block); set: in an EnvironmentActor service of
             `num_replicas` replicas, where tool calls run; a replica that dies is respawned and

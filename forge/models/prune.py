@@ -28,7 +28,12 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 @dataclass
 class PrunedModel:
-    """A pruned model for configs: `base` (a name `resolve_model` knows) less `drop_layers`."""
+    """A pruned model for configs: `base` (a name `resolve_model` knows) less `drop_layers`.
+
+    Args:
+        base: the model pruned: a name `resolve_model` knows, or a local HF checkpoint folder.
+        drop_layers: indices (0-based) of the decoder layers left out.
+    """
 
     base: str = DEFAULT_MODEL
     drop_layers: list[int] = field(default_factory=list)

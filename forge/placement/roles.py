@@ -9,7 +9,17 @@ from typing import Any
 
 @dataclass
 class Resources:
-    """Processes for one role: how many, and which devices (see ForgeActor.options)."""
+    """Processes for one role: how many, and which devices (see ForgeActor.options).
+
+    Args:
+        procs: processes per host.
+        hosts: hosts to span; None means one.
+        num_replicas: a service's replicas, each of `procs` x `hosts` processes.
+        with_gpus: give each process a GPU of its own.
+        cpus_per_proc: cores reserved for each process (pinned, and its thread count);
+            0 shares the host's unreserved cores.
+        env: extra environment variables for every process.
+    """
 
     procs: int = 1
     hosts: int | None = None

@@ -1,12 +1,19 @@
-"""forge.cli: `forge run APP_PATH --config FILE key=value ...` on a tiny app written per test."""
+"""forge.cli: `forge run APP_PATH --config FILE key=value ...` on a tiny app written per test;
+`forge config show`, `forge --version`, and the examples the help gives."""
 
+import importlib.metadata
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from forge.cli import main
+from forge import cli
+from forge.cli import EXAMPLE_CONFIG, load_app, main
+from forge.config import load_config
+from forge.config_fields import settings
 
 REPO = Path(__file__).parents[2]
 
@@ -23,6 +30,12 @@ class OptimConfig:
 
 @dataclass
 class HelloConfig:
+    '''A greeting.
+
+    Args:
+        name: who is greeted.
+    '''
+
     name: str = "world"
     steps: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -46,6 +59,14 @@ def app(tmp_path: Path) -> Path:
     path = tmp_path / "hello.py"
     path.write_text(APP)
     (tmp_path / "hello.yaml").write_text("name: forge\nsteps: 2\n")
+    return path
+
+
+@pytest.fixture
+def empty_config(tmp_path: Path) -> Path:
+    """A config file that sets nothing: the app's defaults."""
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
     return path
 
 
@@ -74,16 +95,17 @@ def test_run_config_error_exits_2_with_one_line(app):
 def test_app_code_reaches_processes_that_cannot_import_it(app, tmp_path):
     # Actor processes get what the app defines by value: they cannot import the app by name.
     blob = tmp_path / "double.pkl"
-    assert forge("run", str(app), f"pickle_to={blob}").returncode == 0
+    config = app.with_suffix(".yaml")
+    assert forge("run", str(app), "--config", str(config), f"pickle_to={blob}").returncode == 0
     load = f"import cloudpickle; print(cloudpickle.load(open({str(blob)!r}, 'rb'))(21))"
     result = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True)
     assert result.stdout == "42\n", result.stderr
 
 
-def test_sync_main_without_config_file(tmp_path, capsys):
+def test_sync_main(tmp_path, capsys, empty_config):
     app = tmp_path / "sync.py"
     app.write_text(APP.replace("async def main", "def main"))
-    main(["run", str(app), "name=sync"])
+    main(["run", str(app), "--config", str(empty_config), "name=sync"])
     assert capsys.readouterr().out == "HelloConfig name=sync steps=1 lr=0.001\n"
 
 
@@ -95,17 +117,112 @@ def test_sync_main_without_config_file(tmp_path, capsys):
         ("def main(cfg: int):\n    pass\n", "the first parameter of main must be annotated"),
     ],
 )
-def test_app_without_a_config_main(tmp_path, capsys, source, error):
+def test_app_without_a_config_main(tmp_path, capsys, empty_config, source, error):
     app = tmp_path / "bad.py"
     app.write_text(source)
     with pytest.raises(SystemExit) as info:
-        main(["run", str(app)])
+        main(["run", str(app), "--config", str(empty_config)])
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith(f"forge: error: {app}: {error}")
 
 
-def test_app_file_not_found(tmp_path, capsys):
+def test_app_file_not_found(tmp_path, capsys, empty_config):
     with pytest.raises(SystemExit) as info:
-        main(["run", str(tmp_path / "nope.py")])
+        main(["run", str(tmp_path / "nope.py"), "--config", str(empty_config)])
     assert info.value.code == 2
     assert capsys.readouterr().err == f"forge: error: {tmp_path / 'nope.py'}: not a python file\n"
+
+
+@pytest.mark.parametrize("command", [["run"], ["submit"], ["plan"], ["config", "show"]])
+def test_a_command_without_config_is_refused_with_one_line(app, capsys, command):
+    # Not a run of the app's defaults: those start a SmolLM2 run nobody asked for.
+    with pytest.raises(SystemExit) as info:
+        main([*command, str(app), "steps=3"])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # the app's main never ran
+    name = " ".join(command)
+    assert (
+        err == f"forge: error: forge {name} needs --config FILE, e.g. --config {EXAMPLE_CONFIG}\n"
+    )
+    assert (REPO / EXAMPLE_CONFIG).is_file()
+
+
+def test_version_is_the_installed_distributions():
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    result = forge("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"forge {importlib.metadata.version(name)}\n"
+
+
+def test_config_show_prints_each_setting_its_default_and_meaning(app, capsys):
+    main(["config", "show", str(app), "--config", str(app.with_suffix(".yaml")), "optim.lr=1e-4"])
+    assert capsys.readouterr().out == (
+        'name = "forge"  (default: "world")  # who is greeted.\n'
+        "steps = 2  (default: 1)\n"
+        "optim.lr = 0.0001  (default: 0.001)\n"
+        "pickle_to = null  (default: null)\n"
+    )
+
+
+def test_config_show_key_prints_one_section_of_an_app(capsys):
+    grpo, tiny = str(REPO / "apps/grpo/main.py"), str(REPO / EXAMPLE_CONFIG)
+    overrides = ["trainer.optimizer.weight_decay=0.1", "--key", "trainer.optimizer"]
+    main(["config", "show", grpo, "--config", tiny, *overrides])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == [
+        f"trainer.optimizer.{name}" for name in ("lr", "betas", "eps", "weight_decay")
+    ]
+    assert lines[0].startswith("trainer.optimizer.lr = 0.0001  (default: 1e-05)  # the learning")
+    assert lines[3].startswith("trainer.optimizer.weight_decay = 0.1  (default: 0.0)  # ")
+
+
+def test_config_show_of_an_unknown_key_names_the_closest(app, capsys):
+    config = str(app.with_suffix(".yaml"))
+    with pytest.raises(SystemExit) as info:
+        main(["config", "show", str(app), "--config", config, "--key", "optim.rl"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        "forge: config error: --key optim.rl: no such setting or section (did you mean "
+        "'optim.lr'?)\n"
+    )
+
+
+def test_config_show_refuses_what_run_refuses(app, capsys):
+    # The same loading: a config `forge run` would refuse is not shown as if it were fine.
+    config = str(app.with_suffix(".yaml"))
+    errors = []
+    for command in (["run"], ["config", "show"]):
+        with pytest.raises(SystemExit):
+            main([*command, str(app), "--config", config, "optim.lr=fast"])
+        errors.append(capsys.readouterr().err)
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("forge: config error: command line: optim.lr: ")
+
+
+def help_texts(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """The --help of every command and subcommand, by command ("" for `forge` itself)."""
+    texts, commands = {}, [""]
+    while commands:
+        command = commands.pop()
+        with pytest.raises(SystemExit):
+            main([*command.split(), "--help"])
+        texts[command] = capsys.readouterr().out
+        if choices := re.search(r"^commands:\n  \{([\w,]+)\}", texts[command], re.MULTILINE):
+            commands += [f"{command} {name}".strip() for name in choices[1].split(",")]
+    return texts
+
+
+def test_every_example_in_the_help_is_a_real_key(capsys):
+    texts = help_texts(capsys)
+    assert {"run", "submit", "plan", "replay", "config show"} <= set(texts)
+    text = "\n".join([cli.__doc__ or "", *texts.values()])
+    overrides = set(re.findall(r"\b[a-z_]+(?:\.[a-z_]+)+=[^\s,;)`]+", text))
+    sections = set(re.findall(r"--key ([a-z_.]+)", text))
+    assert "trainer.optimizer.lr=1e-4" in overrides and sections  # the patterns find examples
+    tiny = REPO / EXAMPLE_CONFIG
+    schema = load_app(REPO / "apps/grpo/main.py")[1]
+    for override in sorted(overrides):
+        load_config(schema, tiny, [override])  # a key GRPO's config lacks raises ConfigError
+    cfg = load_config(schema, tiny)
+    assert all(settings(cfg, key) for key in sections)  # an unknown one raises ConfigError

@@ -9,12 +9,22 @@ UPDATE_MODES: tuple[str, ...] = get_args(UpdateMode)
 
 @dataclass
 class SamplingConfig:
-    """Default sampling; `generate(..., sampling={...})` overrides fields per call."""
+    """Default sampling; `generate(..., sampling={...})` overrides fields per call.
+
+    Args:
+        n: completions sampled per prompt.
+        temperature: the softmax temperature of sampling (the trainer takes logprobs at it).
+        top_p: nucleus sampling: only the most likely tokens whose probabilities sum to top_p.
+        top_k: only the k most likely tokens; 0: off.
+        max_tokens: sampled tokens per completion at most.
+        seed: the engine's sampling seed; None: unseeded (a run's rollouts seed each request).
+        ignore_eos: keep sampling past the end-of-sequence token, up to max_tokens (benchmarks).
+    """
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0: off
+    top_k: int = 0
     max_tokens: int = 64
     seed: int | None = None
     ignore_eos: bool = False
@@ -26,11 +36,17 @@ class GeneratorConfig:
 
     Args:
         model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
+        max_model_len: the engine's context: prompt plus completion tokens of one sequence.
+        max_num_seqs: sequences the engine runs at once; more wait in its queue.
         kv_cache_mb: KV cache size; None lets vLLM size it from `gpu_memory_utilization`.
+        gpu_memory_utilization: the share of a GPU's memory the engine may take (vLLM's).
+        tensor_parallel_size: GPUs one engine's model is split over (vLLM's tensor parallelism).
+        enforce_eager: run the model eagerly, without compiling it or capturing CUDA graphs.
         update_mode: "drain" (default), "abort" or "inflight" (docs/architecture.md).
         drain_timeout_s: a drain that takes longer falls back to "abort".
         inflight_recompute_kv: in "inflight" mode, recompute the KV cache of paused sequences
             with the new weights (vLLM's clear_cache) instead of keeping the old one.
+        sampling: the sampling defaults of every request (SamplingConfig).
 
     The engine's dtype, the LoRA adapter it serves and the transport new weights come
     through are the run's `weight_sync` section (WeightSyncConfig), which the generator

@@ -12,7 +12,14 @@ from forge.models.titan import LOGITS_CHUNK_TOKENS
 
 @dataclass
 class OptimizerConfig:
-    """AdamW's settings."""
+    """AdamW's settings.
+
+    Args:
+        lr: the learning rate; trainer.scheduler scales it each step.
+        betas: the decay rates of the running means of the gradient and of its square.
+        eps: added to the denominator of each update, for numerical stability.
+        weight_decay: decoupled weight decay (0: none).
+    """
 
     lr: float = 1e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -22,7 +29,14 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Linear warm-up over `warmup_steps`, then `decay` to lr * min_lr_ratio over `decay_steps`."""
+    """Linear warm-up over `warmup_steps`, then `decay` to lr * min_lr_ratio over `decay_steps`.
+
+    Args:
+        warmup_steps: steps over which the learning rate rises linearly to lr (0: none).
+        decay: "constant" (no decay), "linear" or "cosine", after the warm-up.
+        decay_steps: steps the decay takes; lr * min_lr_ratio after them (0: no decay).
+        min_lr_ratio: where the decay ends, as a fraction of lr.
+    """
 
     warmup_steps: int = 0
     decay: Literal["constant", "linear", "cosine"] = "constant"
@@ -66,6 +80,7 @@ class TrainerConfig:
     """The model, its optimisation and its objective.
 
     Args:
+        model: a name `forge.models.resolve_model` knows, or a local HF checkpoint folder.
         objective: a name in forge.losses.OBJECTIVES: "grpo" (policy gradient on
             advantages), "distill" (reverse KL to teacher_logprobs) or "sft" (cross-entropy on
             the completion tokens). An app's config sets it (RunConfig.OBJECTIVE), no yaml key.
@@ -73,7 +88,9 @@ class TrainerConfig:
         dtype: "float32", or "bfloat16" compute over float32 weights, gradients and optimizer
             state: FSDP's mixed precision on GPUs, autocast on CPUs (where FSDP's per-unshard
             casts made a step slower than float32).
+        max_grad_norm: the gradient norm is clipped to this before each step.
         tensor_parallel: tensor-parallel degree (GPU); the data-parallel degree is the rest.
+        seed: seeds torch on each rank (seed + rank) and the LoRA adapters' initial values.
         exact_mismatch: keep a copy of the weights before each step, so one-version-old
             episodes can be scored under the weights that generated them.
         exact_mismatch_sample: the fraction of one-version-old sequences scored so (at least
@@ -88,7 +105,12 @@ class TrainerConfig:
         activation_checkpointing: "full" recomputes each transformer block in the backward
             pass instead of keeping its activations (torchtitan's full AC): less memory for
             about a third more compute.
+        optimizer: AdamW's settings (OptimizerConfig).
+        scheduler: the learning rate's warm-up and decay (SchedulerConfig).
+        loss: the loss's clipping, KL, importance-sampling correction and aggregation
+            (LossConfig).
         guard: what happens to a step that blows up (GuardConfig).
+        checkpoint: whether and how often the trainer checkpoints (CheckpointConfig).
 
     Whether it trains LoRA adapters, what a published version holds (its dtype, the adapters
     or the full weights) and the transport it goes through are the run's `weight_sync`

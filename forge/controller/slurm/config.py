@@ -5,23 +5,44 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SlurmConfig:
-    """What to ask SLURM for: one job whose nodes become the provisioner's hosts."""
+    """What to ask SLURM for: one job whose nodes become the provisioner's hosts.
+
+    Args:
+        partition: sbatch --partition; None: the cluster's default.
+        gpus_per_node: sbatch --gpus-per-node, also the GPUs each host counts; None: none asked.
+        cpus_per_task: sbatch --cpus-per-task (one task per node); None: SLURM's default.
+        mem: sbatch --mem, memory per node ("64G"); None: SLURM's default.
+        time: sbatch --time, the job's time limit (HH:MM:SS); None: the partition's.
+        account: sbatch --account, charged for the job; None: the cluster's default.
+        qos: sbatch --qos, the job's quality of service; None: the cluster's default.
+        job_name: sbatch --job-name.
+        python_exe: the python the nodes' processes run; None: this interpreter.
+        extra_args: further sbatch options, each a string starting with "-".
+        job_start_timeout: seconds the slurm launcher waits for its job to start running;
+            None: forever.
+        exclusive: whole nodes; false shares them (then size cpus_per_task and mem).
+        port: where each node's Monarch worker listens.
+        log_dir: where the slurm launcher's job writes its stdout and stderr; None: the
+            current directory.
+        driver_address: the address this driver listens on for its workers; None: its
+            hostname's. Set it where the nodes cannot reach that one (a login node whose
+            hostname names another network).
+        max_requeues: how many times a `forge submit` job requeues itself after a lost node.
+    """
 
     partition: str | None = None
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
     mem: str | None = None
-    time: str | None = None  # HH:MM:SS
+    time: str | None = None
     account: str | None = None
     qos: str | None = None
     job_name: str = "forge"
-    python_exe: str | None = None  # None: this interpreter
+    python_exe: str | None = None
     extra_args: list[str] = field(default_factory=list)
     job_start_timeout: int | None = 1800
-    exclusive: bool = True  # whole nodes; False shares them (then size cpus_per_task and mem)
-    port: int = 22222  # where each node's Monarch worker listens
-    log_dir: str | None = None  # for the job's stdout/stderr; None: the current directory
-    # The address this driver listens on for its workers; None: its hostname's. Set it where
-    # the nodes cannot reach that one (a login node whose hostname names another network).
+    exclusive: bool = True
+    port: int = 22222
+    log_dir: str | None = None
     driver_address: str | None = None
-    max_requeues: int = 3  # forge submit: times a job requeues itself after a lost node
+    max_requeues: int = 3
