@@ -46,6 +46,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -373,12 +374,15 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
         _call(app_main, cfg)
         return
     log = Path(run_dir) / "forge.log"
+    made = not log.parent.exists()
     say(f"forge run {args.app} --config {args.config} | library output: {log}")
     capture_to(log)
     try:
         _call(app_main, cfg)
     except ConfigError as e:  # found by the run: its folder holds another config's run
         say(f"forge: config error: {e}")  # on the console: stderr now goes to the log
+        if made and [p.name for p in log.parent.iterdir()] == [log.name]:
+            shutil.rmtree(log.parent)  # the one line says it all: leave no folder behind
         raise SystemExit(2) from None
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
         first = (str(e).splitlines() or [""])[0]

@@ -67,7 +67,7 @@ def submit_grpo(
     cmd += ["--partition", partition, "--time", "00:10:00", f"run_dir={run_dir}"]
     cmd += ["provisioner.launcher=slurm", f"provisioner.slurm.port={port}"]
     cmd += ["reward.functions=[helper_rewards:vowel_fraction]"]
-    cmd += ["trainer.checkpoint.enabled=true", *args]
+    cmd += [*args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

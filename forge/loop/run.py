@@ -162,14 +162,17 @@ class Run:
             await run.close()
 
     async def close(self) -> None:
-        """Final checkpoint (if configured), HF export, metrics, plot; then what the start
-        started is closed, in reverse order."""
+        """Final checkpoint (if configured), HF export (after a step), metrics, plot; then what
+        the start started is closed, in reverse order."""
         try:
             if self.sync is not None:
                 await self.sync.settle()
             await self._log_interrupted_step()
             self.logs.close()  # the progress bar first, so the lines below stay whole
-            await self.lifecycle.finish(self._final_step(), self.state_dict)
+            if self.version:
+                await self.lifecycle.finish(self._final_step(), self.state_dict)
+            else:
+                say("no step taken: no checkpoint or export")
         finally:
             await self._exits.aclose()
 

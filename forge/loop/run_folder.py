@@ -53,8 +53,11 @@ class RunFolder:
         return latest_step(self.checkpoints)
 
     def holds_run(self) -> bool:
-        """Whether a run was started here (or left checkpoints)."""
-        return (self.path / CONFIG).exists() or self.checkpoint_step > 0
+        """Whether a run took a step here (or left checkpoints). A run that failed before its
+        first step holds nothing to continue: its folder is anyone's."""
+        return self.checkpoint_step > 0 or any(
+            _step(line) >= 1 for line in _lines(self.path / STEP_LOGS[0])
+        )
 
     def open(self, cfg: Any, resume: bool = True) -> int:
         """Checks that `cfg` may run here and records it; returns the step to continue from.
@@ -64,7 +67,9 @@ class RunFolder:
                 is false.
             RunFinished: the folder's run has taken `cfg.steps` steps already.
         """
-        if self.holds_run():
+        if not self.holds_run():
+            self.rewind(-1)  # what a start that failed before its first step left
+        else:
             if not resume:
                 raise RunFolderError(
                     f"run folder {self.path} already holds a run and resume=false: choose "
@@ -110,7 +115,7 @@ class RunFolder:
         for name in STEP_LOGS:
             log = self.path / name
             if log.exists():
-                kept = [line for line in log.read_text().splitlines() if _step(line) <= step]
+                kept = [line for line in _lines(log) if _step(line) <= step]
                 log.write_text("".join(line + "\n" for line in kept))
 
     def save_driver_state(self, step: int, state: dict[str, Any]) -> None:
@@ -147,6 +152,10 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
 
 
 def _step(line: str) -> float:

@@ -30,6 +30,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
     runs = {mode: tmp_path / mode for mode in ("sync", "async")}
     # Both at once: start-up is mostly waiting, and the runs share nothing but the machine.
     overrides = ("steps=3", "buffer.max_policy_age=0", "export_hf=false")
+    overrides += ("trainer.checkpoint.enabled=false",)  # the replay below starts from step 0
     procs = {m: distill(TINY, d, f"mode={m}", *overrides) for m, d in runs.items()}
     finish_all(procs, runs)
     sync, asynchronous = (trained(runs[m]) for m in ("sync", "async"))
@@ -38,7 +39,7 @@ def test_sync_mode_and_async_at_age_zero_train_on_the_same_data(tmp_path):
         sync_values, async_values = ([m[key] for m in metrics(runs[mode])] for mode in runs)
         assert sync_values == pytest.approx(async_values, rel=1e-5, abs=1e-7), key
     assert min(m["train/grad_norm"] for m in metrics(runs["sync"])) > 1e-4
-    # No checkpoints (the tiny config turns them off): the replay starts from the starting weights.
+    # No checkpoints: the replay starts from the starting weights.
     replayed = forge_replay(runs["async"], "--step", "3")
     assert replayed.returncode == 0
     assert "from the run's starting weights, steps 1..3" in replayed.stdout

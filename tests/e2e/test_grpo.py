@@ -151,7 +151,7 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
     leaves no process and no weight-transport folder behind."""
     run_dir = tmp_path / "kill"
     replicas = "generator_resources.num_replicas=2"
-    proc = grpo(TINY, run_dir, VOWELS, "steps=1000", replicas, "trainer.checkpoint.enabled=true")
+    proc = grpo(TINY, run_dir, VOWELS, "steps=1000", replicas)
     try:
         kill_one_after_3_steps(proc, run_dir, _generator_processes, 2)
         # The run goes on while the replica is respawned (a new process and engine); it is

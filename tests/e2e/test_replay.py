@@ -26,7 +26,6 @@ STEPS = 5
 COMMON = (
     f"steps={STEPS}",
     "export_hf=false",
-    "trainer.checkpoint.enabled=true",
     "trainer.checkpoint.interval=2",
     "trainer.checkpoint.keep=3",
     "record.batches=all",

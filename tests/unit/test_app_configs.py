@@ -48,9 +48,9 @@ def test_the_config_derives_the_trainers_objective_ranks_and_checkpoint_folder()
     grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
     cfg = load_config(schema(grpo), grpo, ["run_dir=runs/x", "trainer_resources.procs=2"])
     assert (cfg.trainer.objective, cfg.buffer.dp_size) == ("grpo", 2)
-    assert cfg.trainer.checkpoint.folder is None  # the tiny configs turn checkpoints off
-    on = load_config(schema(grpo), grpo, ["run_dir=runs/x", "trainer.checkpoint.enabled=true"])
-    assert on.trainer.checkpoint.folder == "runs/x/checkpoints"
+    assert cfg.trainer.checkpoint.folder == "runs/x/checkpoints"  # no config needs to say it
+    off = load_config(schema(grpo), grpo, ["run_dir=runs/x", "trainer.checkpoint.enabled=false"])
+    assert off.trainer.checkpoint.folder is None
     slurm = ROOT / "configs" / "grpo" / "qwen3_slurm.yaml"  # 8 procs x 2 hosts
     assert load_config(schema(slurm), slurm).buffer.dp_size == 16
     with pytest.raises(ConfigError, match="buffer.batch_size 8 must be a multiple of .* = 3"):

@@ -226,3 +226,14 @@ def test_every_example_in_the_help_is_a_real_key(capsys):
         load_config(schema, tiny, [override])  # a key GRPO's config lacks raises ConfigError
     cfg = load_config(schema, tiny)
     assert all(settings(cfg, key) for key in sections)  # an unknown one raises ConfigError
+
+
+def test_a_config_error_found_at_start_leaves_no_run_folder(tmp_path):
+    """Data that is not there is found when the run opens it, after the console capture made
+    the run folder: the one line is all there is to say, so the folder goes too."""
+    run_dir = tmp_path / "run"
+    sft = ("apps/sft/main.py", "--config", "configs/sft/tiny_cpu.yaml", f"run_dir={run_dir}")
+    result = forge("run", *sft, "data.source=local", f"data.path={tmp_path / 'none.jsonl'}")
+    assert result.returncode == 2
+    assert "forge: config error: data: " in result.stdout + result.stderr
+    assert not run_dir.exists()

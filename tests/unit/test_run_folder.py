@@ -24,6 +24,12 @@ def checkpoint(cfg: RunConfig, step: int) -> None:
     (path / "latest").write_text(f"step-{step}")
 
 
+def logged(cfg: RunConfig, *steps: int, log: str = "metrics.jsonl") -> None:
+    """The run wrote `steps`' records to `log`."""
+    with (folder(cfg).path / log).open("a") as f:
+        f.writelines(f'{{"step": {step}}}\n' for step in steps)
+
+
 def test_a_new_folder_starts_at_zero_and_records_the_config(tmp_path):
     cfg = config(tmp_path)
     assert folder(cfg).open(cfg) == 0
@@ -50,6 +56,7 @@ def test_a_finished_run_is_not_run_again_but_more_steps_continue_it(tmp_path):
 def test_another_config_is_refused_naming_the_keys_that_differ(tmp_path):
     cfg = config(tmp_path)
     folder(cfg).open(cfg)
+    logged(cfg, 1)
     other = config(tmp_path, seed=3)
     other.trainer.optimizer.lr = 0.5
     with pytest.raises(RunFolderError) as e:
@@ -62,6 +69,7 @@ def test_another_config_is_refused_naming_the_keys_that_differ(tmp_path):
 def test_a_continued_run_may_change_its_guard_and_take_keys_a_later_forge_added(tmp_path):
     cfg = config(tmp_path)
     folder(cfg).open(cfg)
+    logged(cfg, 1)
     saved = tmp_path / "run" / CONFIG
     older = yaml.safe_load(saved.read_text())
     del older["record"]  # written by a forge without the batch record
@@ -81,5 +89,20 @@ def test_a_run_without_checkpoints_cannot_be_continued(tmp_path):
     cfg = dataclasses.replace(cfg)  # the config derives the folder again: none
     assert cfg.trainer.checkpoint.folder is None
     folder(cfg).open(cfg)
+    logged(cfg, 1)
     with pytest.raises(RunFolderError, match="with trainer.checkpoint.enabled false: choose"):
         folder(cfg).open(cfg)
+
+
+def test_a_start_that_failed_before_its_first_step_leaves_the_folder_to_any_config(tmp_path):
+    failed = config(tmp_path)
+    failed.trainer.optimizer.lr = 0.5
+    folder(failed).open(failed)
+    logged(failed, 0, log="eval.jsonl")  # the starting point's eval, then the failure
+    cfg = config(tmp_path)
+    assert folder(cfg).open(cfg) == 0
+    assert (
+        yaml.safe_load((tmp_path / "run" / CONFIG).read_text())["trainer"]["optimizer"]["lr"]
+        == cfg.trainer.optimizer.lr
+    )
+    assert (tmp_path / "run" / "eval.jsonl").read_text() == ""  # the failed run's eval is gone
