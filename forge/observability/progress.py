@@ -46,5 +46,8 @@ class ProgressBar:
         self._bar.set_postfix({"step": step, **postfix}, refresh=False)
         self._bar.update(step - self._bar.n)  # a resumed run starts further on
 
+    def log_eval(self, step: int, metrics: Mapping[str, float], wall_time: float = 0.0) -> None:
+        """Evals have lines of their own (ConsoleBackend); the bar counts steps."""
+
     def close(self) -> None:
         self._bar.close()
