@@ -28,7 +28,10 @@ from forge.data.sft import (
 from forge.loop import Run, RunConfig, RunParts, TrainerDied
 from forge.loop.evaluation import EvalRows
 from forge.models import load_tokenizer
-from forge.observability import record_metric
+from forge.observability import MetricsConfig, record_metric
+
+# The trainer's figures, and each eval's: SFT's generators only answer the held-out eval.
+CONSOLE_KEYS = ["train/loss", "train/tokens_per_s", "eval/loss", "eval/reward"]
 
 
 @dataclass
@@ -39,12 +42,16 @@ class Config(RunConfig):
         target: the answer template, or the column of full answers.
         batch_size: sequences per optimizer step.
         bucket_window: batches read ahead and sorted by length (1: no bucketing).
+        metrics: RunConfig's, the console showing the trainer's figures and each eval's.
     """
 
     run_dir: str = "runs/sft"
     target: SFTTarget = field(default_factory=SFTTarget)
     batch_size: int = 16
     bucket_window: int = 8
+    metrics: MetricsConfig = field(
+        default_factory=lambda: MetricsConfig(console_keys=list(CONSOLE_KEYS))
+    )
 
     OBJECTIVE = "sft"
 

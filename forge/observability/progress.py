@@ -5,13 +5,22 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+# Keys whose last component does not say whose figure it is: their names on the console say
+# what they count.
+NAMES = {
+    "train/tokens_per_s": "trained tok/s",
+    "generator/tokens_per_s": "generated tok/s",
+    "teacher/tokens_per_s": "teacher-scored tok/s",
+}
+
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:
-    """Each key's name on the console: its last "/" component, unless two keys share that
-    (train/loss and eval/loss), then the whole key."""
+    """Each key's name on the console: its NAMES entry, else its last "/" component unless two
+    keys share that (train/loss and eval/loss), then the whole key."""
     last = [key.rsplit("/", 1)[-1] for key in keys]
     return {
-        key: name if last.count(name) == 1 else key for key, name in zip(keys, last, strict=True)
+        key: NAMES.get(key, name if last.count(name) == 1 else key)
+        for key, name in zip(keys, last, strict=True)
     }
 
 

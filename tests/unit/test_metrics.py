@@ -27,6 +27,7 @@ from forge.observability import (
     record_metric,
     reduce_metrics,
 )
+from forge.observability.progress import short_names
 
 
 @pytest.fixture(autouse=True)
@@ -209,11 +210,22 @@ def test_console_prints_one_short_line_of_the_chosen_keys():
     assert out.getvalue() == "step 3 | reward 0.5312 | loss 1.234e-07\n"
 
 
-def test_the_default_console_line_shows_the_held_out_reward_on_the_steps_that_evaluate():
+def test_the_default_console_shows_generated_tokens_per_s_and_each_evals_reward():
     console = ConsoleBackend()
     step = {"rollout/reward": 0.5, "train/loss": 0.25, "generator/tokens_per_s": 90.0}
-    assert console.format(9, step) == "step 9 | rollout/reward 0.5 | loss 0.25 | tokens_per_s 90"
-    assert console.format(10, {**step, "eval/reward": 0.75}).endswith(" | eval/reward 0.75")
+    line = "step 9 | rollout/reward 0.5 | loss 0.25 | generated tok/s 90"
+    assert console.format(9, step) == line
+    assert console.format_eval(10, {"eval/reward": 0.75}) == "eval of step 10 | reward 0.75"
+
+
+def test_a_throughput_is_named_for_what_it_counts():
+    keys = ["train/tokens_per_s", "generator/tokens_per_s", "teacher/tokens_per_s", "x/loss"]
+    assert list(short_names(keys).values()) == [
+        "trained tok/s",
+        "generated tok/s",
+        "teacher-scored tok/s",
+        "loss",
+    ]
 
 
 def test_console_names_keys_that_share_a_last_part_in_full():
