@@ -31,7 +31,9 @@ APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
 
 
 def per_step(run_dir: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """metrics.jsonl's steps' rows, not its evals' (marked by eval/version)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if "eval/version" not in row]
 
 
 def seconds_per_step(steps: list[dict[str, float]]) -> float:

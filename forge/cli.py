@@ -287,23 +287,44 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
     )
     plan = plan_run(cfg, shape)
     print(plan.table())
-    if plan.group is not None and plan.group.cpus[0] and hasattr(cfg, "buffer"):
-        print(_predictions(cfg, len(plan.group.cpus[0])))
+    if hasattr(cfg, "buffer") and (cores := _pipeline_cores(plan)):
+        print(_predictions(cfg, plan, cores))
 
 
-def _predictions(cfg: Any, cores: int) -> str:
-    """The pipeline model's table for an RL config on `cores` CPU cores, from the calibration
-    cached on this machine (a run under `placement: auto` measures it)."""
+def _pipeline_cores(plan: Any) -> int:
+    """The cores generator and trainer hold between them on their one host, which the pipeline
+    model shares or splits; 0 where they are not pinned to cores of one host."""
+    placements = [*plan.of_role("generator"), *plan.of_role("trainer")]
+    one_host = len({p.hosts for p in placements}) == 1 and len(placements[0].hosts) == 1
+    if not one_host or not all(p.cpus[0] for p in placements):
+        return 0
+    return len({c for p in placements for c in p.cpus[0]})
+
+
+def _predictions(cfg: Any, plan: Any, cores: int) -> str:
+    """The pipeline model's table for an RL config's `plan` on `cores` CPU cores, from the
+    calibration cached on this machine (a run under `placement: auto` measures it), the
+    placement the run takes starred."""
     from forge.loop.config import overlaps
     from forge.placement import calibration
     from forge.placement.cost_model import fastest, predict, table
+    from forge.placement.placer import choose
 
     costs = calibration.load(calibration.cache_key(cfg.workload(), cores))
     if costs is None:
         return "pipeline model: not calibrated on this machine for this workload yet"
     age = cfg.buffer.max_policy_age
     options = predict(costs, cores, overlaps(cfg.mode, age), age, cfg.trainer.exact_mismatch)
-    return f"pipeline model (calibration cached here):\n{table(options, fastest(options))}"
+    chosen, best = choose(plan, options), fastest(options)
+    if plan.auto:
+        moved = "" if best.colocated else f" (the run starts {plan.placement}, then moves)"
+        taken = f"placement auto takes {best.label}, predicted fastest{moved}"
+    elif chosen is None:
+        taken = f"placement {plan.placement}: its cores are not among the options the costs cover"
+    else:
+        faster = "" if chosen == best else f"; {best.label} is predicted faster (placement auto)"
+        taken = f"placement {chosen.label}{faster}"
+    return f"pipeline model (calibration cached here): {taken}\n{table(options, chosen)}"
 
 
 def _add_config(commands: Any) -> None:

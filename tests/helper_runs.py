@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).parents[1]
+# The key that marks an eval's row in metrics.jsonl (docs/run_folder.md).
+EVAL_ROW = "eval/version"
 
 # The 64 one-digit additions the SmolLM2 learning tests' figures were measured on: the task's
 # rows generated from another seed, which a procedural task holds out as well as held-out rows.
@@ -107,7 +109,14 @@ def jsonl(path: Path) -> list[dict]:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return jsonl(run_dir / "metrics.jsonl")
+    """metrics.jsonl's steps' rows (not the evals')."""
+    return [m for m in jsonl(run_dir / "metrics.jsonl") if EVAL_ROW not in m]
+
+
+def eval_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's evals' rows, in the order of the steps they scored."""
+    rows = [m for m in jsonl(run_dir / "metrics.jsonl") if EVAL_ROW in m]
+    return sorted(rows, key=lambda m: m["step"])
 
 
 def trained(run_dir: Path) -> list[dict]:
@@ -237,4 +246,5 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _steps_logged(run_dir: Path) -> int:
     log = run_dir / "metrics.jsonl"
-    return len(log.read_text().splitlines()) if log.exists() else 0
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sum(EVAL_ROW not in line for line in lines)

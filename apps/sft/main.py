@@ -8,10 +8,9 @@ answers, `target.column`), is the assistant's target. Batches group rows of simi
 length (forge.data.sft.LengthBucketBatcher), so padding stays small: `train/padding_fraction`
 reports it. Every `eval.interval` steps the weights go to the generators, which answer the
 held-out rows greedily (`eval/reward`), and the trainer scores the held-out answers
-(`eval/loss`, the same loss without a step).
+(`eval/loss`, the same loss without a step): one eval, one line of eval.jsonl.
 """
 
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -29,7 +28,10 @@ from forge.data.sft import (
 from forge.loop import Run, RunConfig, RunParts, TrainerDied
 from forge.loop.evaluation import EvalRows
 from forge.models import load_tokenizer
-from forge.observability import record_metric
+from forge.observability import MetricsConfig, record_metric
+
+# The trainer's figures, and each eval's: SFT's generators only answer the held-out eval.
+CONSOLE_KEYS = ["train/loss", "train/tokens_per_s", "eval/loss", "eval/reward"]
 
 
 @dataclass
@@ -40,12 +42,16 @@ class Config(RunConfig):
         target: the answer template, or the column of full answers.
         batch_size: sequences per optimizer step.
         bucket_window: batches read ahead and sorted by length (1: no bucketing).
+        metrics: RunConfig's, the console showing the trainer's figures and each eval's.
     """
 
     run_dir: str = "runs/sft"
     target: SFTTarget = field(default_factory=SFTTarget)
     batch_size: int = 16
     bucket_window: int = 8
+    metrics: MetricsConfig = field(
+        default_factory=lambda: MetricsConfig(console_keys=list(CONSOLE_KEYS))
+    )
 
     OBJECTIVE = "sft"
 
@@ -72,6 +78,11 @@ class SFT(Run):
         examples = SFTExamples(self.data, cfg.target, self.tokenizer)
         self.batches = LengthBucketBatcher(examples, cfg.batch_size, cfg.bucket_window, cfg.seed)
         self.first_state = {"batches": self.batches.state_dict()}
+        rows = self.evaluator.rows if self.evaluator is not None else []
+        self.held_out_answers = [
+            sft_episode(tokenize_row(row, self.tokenizer, cfg.target), f"eval-{i}")
+            for i, row in enumerate(rows)
+        ]
 
     @classmethod
     def open_data(cls, cfg: Config) -> tuple[PromptDataset, EvalRows | None]:
@@ -89,15 +100,14 @@ class SFT(Run):
     async def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state["batches"])
 
+    async def begin(self) -> None:
+        """Run's, the starting weights' held-out loss first: it joins their eval (step 0)."""
+        if self.evaluator is not None and not self.resumed:
+            self.evaluator.attach(0, {"loss": await self.eval_loss()})
+        await super().begin()
+
     async def run(self) -> None:
         start = time.perf_counter()
-        if self.evaluator is not None:
-            t, target = self.tokenizer, self.cfg.target
-            self.held_out_answers = [
-                sft_episode(tokenize_row(row, t, target), f"eval-{i}")
-                for i, row in enumerate(self.evaluator.rows)
-            ]
-            await self.eval_loss(0)  # the base model's held-out loss
         while self.version < self.last_step:
             step = self.version + 1
             try:
@@ -121,11 +131,12 @@ class SFT(Run):
         async with self.trainer.turn():  # the step, and eval when due: one turn
             await self.train(batch)
             if self.evaluator is not None and self.evaluator.due(step):
+                # The loss first: it joins the eval that publishing starts.
+                self.evaluator.attach(step, {"loss": await self.eval_loss()})
                 await self.sync.publish(step, self.version)
-                await self.eval_loss(step)
         await self.lifecycle.checkpoint(step, self.state_dict)
 
-    async def eval_loss(self, step: int) -> float:
+    async def eval_loss(self) -> float:
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""
         total = tokens = 0.0
         size = self.cfg.batch_size
@@ -134,11 +145,7 @@ class SFT(Run):
             n = sum(len(e.completion.token_ids) for e in chunk)
             loss = await self.trainer.eval_loss(_split(chunk, self.world))
             total, tokens = total + loss * n, tokens + n
-        loss = total / tokens
-        record_metric("eval/loss", loss)
-        with (self.run_dir / "eval.jsonl").open("a") as f:
-            f.write(json.dumps({"step": step, "version": self.version, "loss": loss}) + "\n")
-        return loss
+        return total / tokens
 
 
 def _split(episodes: list[Episode], ranks: int) -> list[list[Episode]]:

@@ -153,19 +153,25 @@ class _Turns:
         return turn
 
 
-def record_outcomes(outcomes: Sequence[EpisodeOutcome], prefix: str = "env") -> None:
-    """The episodes' `env/` counts: errors, timeouts and restarts summed; turns, tool calls and
-    the environment's own counts per episode; the fraction of tool calls that were well formed."""
+def outcome_metrics(outcomes: Sequence[EpisodeOutcome]) -> dict[str, tuple[float, Reduce]]:
+    """The episodes' `env/` counts, each with how a step reduces it: errors, timeouts and
+    restarts summed; turns, tool calls and the environment's own counts per episode; the
+    fraction of tool calls that were well formed."""
     totals = dict.fromkeys(_SUMMED, 0.0)
     for outcome in outcomes:
         for key, value in outcome.metrics.items():
             totals[key] = totals.get(key, 0.0) + value
-    for key, total in totals.items():
-        if key in _SUMMED:
-            record_metric(f"{prefix}/{key}", total, Reduce.SUM)
-        else:
-            record_metric(f"{prefix}/{key}", total / len(outcomes))
+    counts = {
+        key: (total, Reduce.SUM) if key in _SUMMED else (total / len(outcomes), Reduce.MEAN)
+        for key, total in totals.items()
+    }
     if totals.get("tool_calls"):
-        record_metric(
-            f"{prefix}/well_formed_fraction", totals["well_formed_calls"] / totals["tool_calls"]
-        )
+        fraction = totals["well_formed_calls"] / totals["tool_calls"]
+        counts["well_formed_fraction"] = (fraction, Reduce.MEAN)
+    return counts
+
+
+def record_outcomes(outcomes: Sequence[EpisodeOutcome]) -> None:
+    """Records the episodes' `outcome_metrics` under `env/`, in the step's metrics."""
+    for key, (value, reduce) in outcome_metrics(outcomes).items():
+        record_metric(f"env/{key}", value, reduce)

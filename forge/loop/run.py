@@ -134,7 +134,7 @@ class Run:
         if step == self.last_step and self.sync is not None:
             await self.sync.wait()  # it starts the final eval
             if self.evaluator is not None:
-                await self.evaluator.wait()  # the final eval belongs to the last step's line
+                await self.evaluator.wait()  # written before the run closes its logs
         if self.generator is not None:
             await self.logs.generators(step, self.generator)
         record_metric("run/elapsed_s", time.perf_counter() - start)

@@ -24,8 +24,8 @@ _BUSY = {"rollout": "generate", "eval": "eval"}
 
 
 class RunLogs:
-    """metrics.jsonl (and the configured backends), trained_episodes.jsonl and timeline.jsonl of
-    one run folder, open from construction to `close`.
+    """metrics.jsonl (and the configured backends), eval.jsonl, trained_episodes.jsonl and
+    timeline.jsonl of one run folder, open from construction to `close`.
 
     Args:
         run_dir: the run folder.
@@ -50,6 +50,16 @@ class RunLogs:
     def replace_source(self, old: Any, new: Any) -> None:
         """Pulls metrics from `new` where it pulled them from `old` (a respawned trainer)."""
         self.metrics.sources = [new if s is old else s for s in self.metrics.sources]
+
+    def eval(self, record: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Appends one eval's `record` to eval.jsonl and writes its `metrics` as a row of the
+        step it evaluated (`record["step"]`). An eval that ends after the logs closed (the run
+        stopped meanwhile) is dropped."""
+        if self._trained.closed:
+            return
+        with (self.run_dir / "eval.jsonl").open("a") as f:  # a few lines a run
+            f.write(json.dumps(record) + "\n")
+        self.metrics.log_eval(record["step"], metrics)
 
     def batch(self, step: int, version: int, batch: list[list[Episode]]) -> None:
         """Appends which episodes (and of which versions) trained at `step` on weights

@@ -100,7 +100,7 @@ async def start_parts(
         generator = GeneratorHandle(actors["generator"], placer.turns)
         bridge = ChatBridge(await tokenizer)
         rollouts = _rollouts(cfg, generator, bridge, actors)
-        evaluator = None if held_out is None else _evaluator(cfg, held_out, rollouts)
+        evaluator = None if held_out is None else _evaluator(cfg, held_out, rollouts, logs)
         sync = GeneratorSync(generator, trainer, transport, placer, logs, evaluator)
         generator.service.on_recover = sync.recover
     return RunParts(
@@ -180,10 +180,9 @@ def _rollouts(
     )
 
 
-def _evaluator(cfg: RunConfig, held_out: EvalRows, rollouts: Rollouts) -> Evaluator:
-    run_dir = Path(cfg.run_dir)
-    held_out.write(run_dir / "eval_rows.jsonl")
-    return Evaluator(held_out.rows, rollouts, cfg.eval, cfg.steps, run_dir / "eval.jsonl")
+def _evaluator(cfg: RunConfig, held_out: EvalRows, rollouts: Rollouts, logs: RunLogs) -> Evaluator:
+    held_out.write(Path(cfg.run_dir) / "eval_rows.jsonl")
+    return Evaluator(held_out.rows, rollouts, cfg.eval, cfg.steps, logs)
 
 
 def _summary(name: str, cfg: RunConfig, data: PromptDataset, held_out: EvalRows | None) -> str:

@@ -16,8 +16,8 @@ from tqdm import tqdm
 from forge.observability.console import console
 from forge.observability.progress import ProgressBar, short_names
 
-# A handful of numbers worth a glance every step (the held-out reward on the steps that evaluate;
-# last, so a progress bar's two are always the same); the rest go to the files only.
+# A handful of numbers worth a glance every step, and the held-out reward on each eval's line
+# (last, so a progress bar's two are always the same); the rest go to the files only.
 CONSOLE_KEYS = (
     "rollout/reward",
     "train/loss",
@@ -28,9 +28,14 @@ CONSOLE_KEYS = (
 
 
 class Backend(Protocol):
-    """Receives each step's metrics, reduced to one float per key."""
+    """Receives each step's metrics, reduced to one float per key, and each eval's."""
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None: ...
+
+    def log_eval(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
+        """One eval's `eval/` metrics, of the weights trained at `step` (0: the starting ones).
+        It arrives when the eval ends, after later steps' rows (evals run in the background)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -40,7 +45,8 @@ class MetricsConfig:
     """Which backends a run logs to; metrics.jsonl is always on.
 
     Args:
-        console: one line per step with `console_keys` (those present).
+        console: one line per step with `console_keys` (those present), and one per eval
+            with the `eval/` ones.
         console_keys: the keys the console line shows.
         progress_total: steps in the run; when set, a progress bar shows step/total and the
             first two of `console_keys` present.
@@ -81,10 +87,12 @@ def build_backends(cfg: MetricsConfig, run_dir: str | Path) -> list[Backend]:
 
 
 class ConsoleBackend:
-    """One compact line per step: `step 12 | reward 0.531 | loss 0.0123 | ...`.
+    """One compact line per step: `step 12 | reward 0.531 | loss 0.0123 | ...`, and one per
+    eval: `eval of step 10 | reward 0.25 | loss 1.94`.
 
-    Each key shows under its `short_names` name, with four significant digits. Lines go
-    through `tqdm.write`, so they print above a progress bar instead of breaking it.
+    Each key shows under its `short_names` name (an eval's without `eval/`), with four
+    significant digits. Lines go through `tqdm.write`, so they print above a progress bar
+    instead of breaking it.
     """
 
     def __init__(self, keys: Sequence[str] = CONSOLE_KEYS, file: TextIO | None = None) -> None:
@@ -98,15 +106,26 @@ class ConsoleBackend:
         parts += [f"{self.names[key]} {metrics[key]:.4g}" for key in self.keys if key in metrics]
         return " | ".join(parts)
 
+    def format_eval(self, step: int, metrics: Mapping[str, float]) -> str | None:
+        """The line for one eval (without a newline); None if it has none of the keys."""
+        keys = [key for key in self.keys if key in metrics]
+        shown = [f"{key.removeprefix('eval/')} {metrics[key]:.4g}" for key in keys]
+        return " | ".join([f"eval of step {step}", *shown]) if shown else None
+
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
         tqdm.write(self.format(step, metrics), file=self.file or console())
+
+    def log_eval(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
+        if (line := self.format_eval(step, metrics)) is not None:
+            tqdm.write(line, file=self.file or console())
 
     def close(self) -> None:
         pass
 
 
 class JsonlBackend:
-    """Appends one JSON object per step to `path`: {"step", "time" (Unix seconds), metrics...}.
+    """Appends one JSON object per step to `path`: {"step", "time" (Unix seconds), metrics...},
+    and one per eval, alike: its `step` is the one whose weights it evaluated.
 
     Each line is flushed when written, so a crashed run keeps every step it logged. Non-finite
     values are written as NaN/Infinity, which Python's json reads back.
@@ -120,6 +139,8 @@ class JsonlBackend:
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
         self._file.write(json.dumps({"step": step, "time": wall_time, **metrics}) + "\n")
         self._file.flush()
+
+    log_eval = log
 
     def close(self) -> None:
         self._file.close()
@@ -138,6 +159,8 @@ class TensorBoardBackend:
             self._writer.add_scalar(key, value, global_step=step, walltime=wall_time)
         # Flushed every step, so TensorBoard shows a live run and a crash loses nothing.
         self._writer.flush()
+
+    log_eval = log  # TensorBoard takes scalars of earlier steps
 
     def close(self) -> None:
         self._writer.close()
@@ -163,9 +186,22 @@ class WandbBackend:
             # One process may hold several runs (tests, sweeps); never reuse another's.
             reinit="create_new",
         )
+        self.step = 0  # the newest step logged
+        self.eval_keys: set[str] = set()  # those drawn against eval/step
 
     def log(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
+        self.step = max(self.step, step)
         self.run.log(dict(metrics), step=step)
+
+    def log_eval(self, step: int, metrics: Mapping[str, float], wall_time: float) -> None:
+        # W&B steps only increase, and an eval ends after later steps: it joins the newest
+        # step, its keys drawn against eval/step, the step it evaluated.
+        if not self.eval_keys:
+            self.run.define_metric("eval/step")
+        for key in metrics.keys() - self.eval_keys:
+            self.run.define_metric(key, step_metric="eval/step")
+            self.eval_keys.add(key)
+        self.run.log({**metrics, "eval/step": step}, step=self.step)
 
     def close(self) -> None:
         self.run.finish()

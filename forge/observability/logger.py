@@ -9,6 +9,8 @@
     plot_run(run_dir)
 
 What a step holds is what was recorded since the previous `step` call, in whichever process.
+An eval's metrics are not recorded but handed over whole (`log_eval`): a row of their own, under
+the step whose weights they score.
 """
 
 import asyncio
@@ -81,6 +83,13 @@ class MetricLogger:
         for backend in self.backends:
             backend.log(step, metrics, wall_time)
         return metrics
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Writes one eval's metrics, of the weights trained at `step`, as a row of its own:
+        an eval runs in the background, so it ends after later steps were written."""
+        wall_time = time.time()
+        for backend in self.backends:
+            backend.log_eval(step, metrics, wall_time)
 
     async def discard(self) -> None:
         """Drops what every source and the driver recorded so far (work that belongs to no

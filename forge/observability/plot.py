@@ -1,4 +1,4 @@
-"""A PNG of a run's key metrics over steps, drawn from its metrics.jsonl and eval.jsonl."""
+"""A PNG of a run's key metrics over steps, drawn from its metrics.jsonl."""
 
 import json
 from collections.abc import Sequence
@@ -9,32 +9,19 @@ PLOT_KEYS = ("rollout/reward", "train/mismatch_kl", "generator/tokens_per_s")
 
 
 def plot_series(run_dir: str | Path, keys: Sequence[str]) -> dict[str, tuple[list, list]]:
-    """Each key's (steps, values), for the keys that were logged.
+    """Each key's (steps, values) in metrics.jsonl, in step order, for the keys that were logged.
 
-    `eval/<name>` comes from eval.jsonl's `<name>` field: it holds every evaluation, the one of
-    the starting weights (step 0) too, which a step's metrics line does not. Other keys come
-    from metrics.jsonl.
+    An eval's row stands under the step whose weights it scored (the starting weights': step
+    0), written when the eval ended, after the rows of the steps trained meanwhile.
     """
-    run_dir = Path(run_dir)
-    series: dict[str, tuple[list, list]] = {key: ([], []) for key in keys}
-    for log, field in (("metrics.jsonl", _metric), ("eval.jsonl", _eval)):
-        path = run_dir / log
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        for row in rows:
-            for key, (steps, values) in series.items():
-                name = field(key)
-                if name is not None and row.get(name) is not None:
-                    steps.append(row["step"])
-                    values.append(row[name])
-    return {key: xy for key, xy in series.items() if xy[0]}
-
-
-def _metric(key: str) -> str | None:
-    return None if key.startswith("eval/") else key
-
-
-def _eval(key: str) -> str | None:
-    return key.removeprefix("eval/") if key.startswith("eval/") else None
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows.sort(key=lambda row: row["step"])
+    series = {}
+    for key in keys:
+        if logged := [row for row in rows if key in row]:
+            series[key] = ([row["step"] for row in logged], [row[key] for row in logged])
+    return series
 
 
 def plot_run(run_dir: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:
@@ -50,7 +37,7 @@ def plot_run(run_dir: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:
     run_dir = Path(run_dir)
     present = plot_series(run_dir, keys)
     if not present:
-        raise ValueError(f"none of {list(keys)} is in {run_dir}'s metrics.jsonl or eval.jsonl")
+        raise ValueError(f"none of {list(keys)} is in {run_dir}'s metrics.jsonl")
 
     fig = Figure(figsize=(7, 2.4 * len(present)), layout="constrained")
     FigureCanvasAgg(fig)

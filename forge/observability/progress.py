@@ -5,13 +5,22 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+# Keys whose last component does not say whose figure it is: their names on the console say
+# what they count.
+NAMES = {
+    "train/tokens_per_s": "trained tok/s",
+    "generator/tokens_per_s": "generated tok/s",
+    "teacher/tokens_per_s": "teacher-scored tok/s",
+}
+
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:
-    """Each key's name on the console: its last "/" component, unless two keys share that
-    (train/loss and eval/loss), then the whole key."""
+    """Each key's name on the console: its NAMES entry, else its last "/" component unless two
+    keys share that (train/loss and eval/loss), then the whole key."""
     last = [key.rsplit("/", 1)[-1] for key in keys]
     return {
-        key: name if last.count(name) == 1 else key for key, name in zip(keys, last, strict=True)
+        key: NAMES.get(key, name if last.count(name) == 1 else key)
+        for key, name in zip(keys, last, strict=True)
     }
 
 
@@ -45,6 +54,9 @@ class ProgressBar:
         postfix = {name: f"{value:.4g}" for name, value in list(shown.items())[:2]}
         self._bar.set_postfix({"step": step, **postfix}, refresh=False)
         self._bar.update(step - self._bar.n)  # a resumed run starts further on
+
+    def log_eval(self, step: int, metrics: Mapping[str, float], wall_time: float = 0.0) -> None:
+        """Evals have lines of their own (ConsoleBackend); the bar counts steps."""
 
     def close(self) -> None:
         self._bar.close()

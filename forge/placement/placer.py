@@ -97,7 +97,7 @@ class Placer:
         if costs is None:
             return
         options = predict(costs, len(cpus), overlap, max_policy_age, exact_mismatch)
-        self.prediction = fastest(options) if auto else self._configured(options)
+        self.prediction = choose(self.plan, options)
         if self.prediction is None:
             return
         if auto:
@@ -171,15 +171,6 @@ class Placer:
         await work.forget_records()  # the calibration's rollouts belong to no step
         return costs, f"calibrated in {time.perf_counter() - start:.0f}s"
 
-    def _configured(self, options: list[Prediction]) -> Prediction | None:
-        """The prediction of the placement the config sets, if the model covers it."""
-        if self.colocated:
-            return options[0]
-        g, t = self.plan.resources("generator"), self.plan.resources("trainer")
-        cores = (g.cpus_per_proc * g.procs, t.cpus_per_proc * t.procs)
-        split = [o for o in options[1:] if (o.generator_cores, o.trainer_cores) == cores]
-        return split[0] if split else None
-
     async def _apply(
         self, chosen: Prediction, cpus: list[int], generator: Placed, trainer: Placed
     ) -> None:
@@ -196,6 +187,19 @@ class Placer:
     def _write(self, update: dict[str, Any]) -> None:
         data = json.loads(self.record.read_text()) if self.record.exists() else {}
         self.record.write_text(json.dumps({**data, **update}, indent=1) + "\n")
+
+
+def choose(plan: Plan, options: list[Prediction]) -> Prediction | None:
+    """The option a run of `plan` takes (`Placer.fit`, and `forge plan` stars it): under
+    `placement: auto` the fastest; else the configured placement's, if the model covers it."""
+    if plan.auto:
+        return fastest(options)
+    if plan.colocated:
+        return options[0]
+    g, t = plan.resources("generator"), plan.resources("trainer")
+    cores = (g.cpus_per_proc * g.procs, t.cpus_per_proc * t.procs)
+    split = [o for o in options[1:] if (o.generator_cores, o.trainer_cores) == cores]
+    return split[0] if split else None
 
 
 def _describe(r: Resources) -> str:

@@ -8,6 +8,7 @@ from helper_configs import APPS, CONFIGS, ROOT
 
 from forge.cli import load_app
 from forge.config import ConfigError, load_config
+from forge.observability import ConsoleBackend
 
 
 def schema(config: Path) -> type:
@@ -156,3 +157,12 @@ def test_an_old_config_file_names_the_weight_sync_key(tmp_path):
     grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
     with pytest.raises(ConfigError, match=f"^{old}: generator.transport: moved to weight_sync"):
         load_config(schema(grpo), old)
+
+
+def test_the_sft_console_shows_the_trainers_throughput_not_the_generators():
+    """SFT's generators answer only the held-out eval: their tokens/s is 0 between evals."""
+    sft = ROOT / "configs" / "sft" / "tiny_cpu.yaml"
+    line = ConsoleBackend(load_config(schema(sft), sft).metrics.console_keys).format(
+        1, {"train/loss": 2.5, "train/tokens_per_s": 2351.0, "generator/tokens_per_s": 0.0}
+    )
+    assert line == "step 1 | train/loss 2.5 | trained tok/s 2351"

@@ -27,6 +27,7 @@ from forge.observability import (
     record_metric,
     reduce_metrics,
 )
+from forge.observability.progress import short_names
 
 
 @pytest.fixture(autouse=True)
@@ -209,17 +210,58 @@ def test_console_prints_one_short_line_of_the_chosen_keys():
     assert out.getvalue() == "step 3 | reward 0.5312 | loss 1.234e-07\n"
 
 
-def test_the_default_console_line_shows_the_held_out_reward_on_the_steps_that_evaluate():
+def test_the_default_console_shows_generated_tokens_per_s_and_each_evals_reward():
     console = ConsoleBackend()
     step = {"rollout/reward": 0.5, "train/loss": 0.25, "generator/tokens_per_s": 90.0}
-    assert console.format(9, step) == "step 9 | rollout/reward 0.5 | loss 0.25 | tokens_per_s 90"
-    assert console.format(10, {**step, "eval/reward": 0.75}).endswith(" | eval/reward 0.75")
+    line = "step 9 | rollout/reward 0.5 | loss 0.25 | generated tok/s 90"
+    assert console.format(9, step) == line
+    assert console.format_eval(10, {"eval/reward": 0.75}) == "eval of step 10 | reward 0.75"
+
+
+def test_a_throughput_is_named_for_what_it_counts():
+    keys = ["train/tokens_per_s", "generator/tokens_per_s", "teacher/tokens_per_s", "x/loss"]
+    assert list(short_names(keys).values()) == [
+        "trained tok/s",
+        "generated tok/s",
+        "teacher-scored tok/s",
+        "loss",
+    ]
 
 
 def test_console_names_keys_that_share_a_last_part_in_full():
     console = ConsoleBackend(["train/loss", "eval/loss", "eval/reward"])
     line = console.format(2, {"train/loss": 1.5, "eval/loss": 0.5, "eval/reward": 1.0})
     assert line == "step 2 | train/loss 1.5 | eval/loss 0.5 | reward 1"
+
+
+async def test_an_eval_is_a_row_of_its_own_under_the_step_it_scored(tmp_path):
+    out, bar_out = io.StringIO(), io.StringIO()
+    bar = ProgressBar(4, ["train/loss"], file=bar_out)
+    console = ConsoleBackend(["train/loss", "eval/loss", "eval/reward"], file=out)
+    jsonl = JsonlBackend(tmp_path / "metrics.jsonl")
+    tensorboard = TensorBoardBackend(tmp_path / "tb")
+    logger = MetricLogger(tmp_path, [jsonl, bar, console, tensorboard])
+    record_metric("train/loss", 0.5)
+    await logger.step(3)
+    logger.log_eval(2, {"eval/version": 2.0, "eval/reward": 0.25, "eval/loss": 1.5})
+    logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in rows] == [
+        {"step": 3, "train/loss": 0.5},
+        {"step": 2, "eval/version": 2.0, "eval/reward": 0.25, "eval/loss": 1.5},
+    ]
+    assert out.getvalue().splitlines() == [
+        "step 3 | train/loss 0.5",
+        "eval of step 2 | loss 1.5 | reward 0.25",
+    ]
+    assert bar.n == 3  # the bar counts steps
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/reward")] == [(2, 0.25)]
+
+
+def test_an_eval_without_any_of_the_console_keys_prints_nothing():
+    assert ConsoleBackend(["train/loss"]).format_eval(2, {"eval/reward": 0.25}) is None
 
 
 async def test_tensorboard_writes_event_files_when_enabled(tmp_path):
@@ -244,8 +286,10 @@ def test_no_tensorboard_or_wandb_unless_enabled(tmp_path):
 async def test_wandb_offline_run_is_written_under_the_run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     logger = MetricLogger.from_config(tmp_path, MetricsConfig(console=False, wandb=True))
+    logger.log_eval(0, {"eval/reward": 0.25})
     record_metric("rollout/reward", 0.5)
-    await logger.step(1)
+    await logger.step(2)
+    logger.log_eval(1, {"eval/reward": 0.5})  # after step 2's row: W&B steps only increase
     logger.close()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     assert any(run.glob("*.wandb"))
@@ -285,16 +329,15 @@ def test_plot_has_the_logged_keys_and_skips_missing_ones(tmp_path):
         plot_run(tmp_path, keys=["absent"])
 
 
-def test_plot_draws_eval_from_the_starting_weights_at_step_0(tmp_path):
-    """The eval before step 1 lives in eval.jsonl only: a step's metrics line has no step 0."""
+def test_plot_draws_each_eval_at_the_step_it_scored_from_the_starting_weights_on(tmp_path):
+    """An eval's row is written when it ends, after later steps' rows."""
     backend = JsonlBackend(tmp_path / "metrics.jsonl")
     for step in range(1, 21):
-        backend.log(
-            step, {"train/loss": 1 / step, **({"eval/reward": 0.5} if step % 10 else {})}, 0
-        )
+        backend.log(step, {"train/loss": 1 / step}, 0)
+        if step in (2, 12, 20):  # the evals of steps 0, 10 and 20 end
+            scored = 10 * (step // 10)
+            backend.log_eval(scored, {"eval/reward": 0.25 + scored / 40}, 0)
     backend.close()
-    evals = [{"step": s, "version": s, "reward": r} for s, r in ((0, 0.25), (10, 0.5), (20, 0.75))]
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     series = plot_series(tmp_path, ["eval/reward", "train/loss", "eval/loss"])
     assert series["eval/reward"] == ([0, 10, 20], [0.25, 0.5, 0.75])
     assert series["train/loss"][0] == list(range(1, 21))

@@ -394,6 +394,21 @@ def test_forge_plan_refuses_an_impossible_config_with_one_line(capsys):
     )
 
 
+def cache_costs(tmp_path, monkeypatch, costs) -> None:
+    """`costs` cached for configs/grpo/smollm2_cpu.yaml on 2 cores, in a cache of its own."""
+    from forge.placement import calibration
+
+    monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "calibration.json")
+    calibration.save(calibration.cache_key(config("grpo/smollm2_cpu").workload(), 2), costs)
+
+
+def forge_plan_cpu(capsys, *overrides: str) -> list[str]:
+    cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
+    shape = ["--hosts=1", "--gpus-per-host=0", "--cpus-per-host=2"]
+    main(["plan", GRPO, "--config", cpu, *shape, *overrides])
+    return capsys.readouterr().out.splitlines()
+
+
 def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
     capsys, tmp_path, monkeypatch
 ):
@@ -401,16 +416,53 @@ def test_forge_plan_predicts_each_placement_from_the_cached_calibration(
     from forge.placement.cost_model import PhaseCosts
 
     monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "calibration.json")
-    cpu = str(ROOT / "configs/grpo/smollm2_cpu.yaml")
-    shape = ["--hosts=1", "--gpus-per-host=0", "--cpus-per-host=2"]
-    main(["plan", GRPO, "--config", cpu, *shape])
-    assert capsys.readouterr().out.splitlines()[-1] == (
+    assert forge_plan_cpu(capsys)[-1] == (
         "pipeline model: not calibrated on this machine for this workload yet"
     )
     costs = PhaseCosts({1: 2.0, 2: 1.5}, {1: 20.0, 2: 11.0}, {1: 0.0, 2: 0.0}, 0.5)
-    calibration.save(calibration.cache_key(config("grpo/smollm2_cpu").workload(), 2), costs)
-    main(["plan", GRPO, "--config", cpu, *shape])
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-3] == "pipeline model (calibration cached here):"
+    cache_costs(tmp_path, monkeypatch, costs)
+    lines = forge_plan_cpu(capsys)
+    assert lines[-3] == (
+        "pipeline model (calibration cached here): placement auto takes colocated, predicted "
+        "fastest"
+    )
     assert lines[-2].split() == ["*", "colocated", "13.0", "s/step", "policy", "age", "0.0"]
     assert lines[-1].split()[:4] == ["split", "1+1", "20.5", "s/step"]
+
+
+# Generation far cheaper on one core than on two: the async split is fastest.
+SPLIT_FASTEST = ({2: 13.3, 1: 1.95}, {2: 21.3, 1: 5.18}, {2: 0.65, 1: 0.19}, 1.08)
+
+
+def test_forge_plan_says_auto_moves_to_the_split_it_stars(capsys, tmp_path, monkeypatch):
+    from forge.placement.cost_model import PhaseCosts
+
+    cache_costs(tmp_path, monkeypatch, PhaseCosts(*SPLIT_FASTEST))
+    lines = forge_plan_cpu(capsys)
+    assert lines[1].startswith("placement: colocated (auto: starts on every core")
+    assert lines[-3] == (
+        "pipeline model (calibration cached here): placement auto takes split 1+1, predicted "
+        "fastest (the run starts colocated, then moves)"
+    )
+    assert lines[-1].split()[:5] == ["*", "split", "1+1", "6.5", "s/step"]
+
+
+@pytest.mark.parametrize("placement", ["colocated", "split"])
+def test_forge_plan_stars_the_configured_placement_the_run_takes(
+    placement, capsys, tmp_path, monkeypatch
+):
+    """An explicit placement is the one the run takes (`Placer.fit`), the fastest or not."""
+    from forge.placement.cost_model import PhaseCosts
+
+    cache_costs(tmp_path, monkeypatch, PhaseCosts(*SPLIT_FASTEST))
+    lines = forge_plan_cpu(capsys, f"placement={placement}")
+    starred = [line.split()[1] for line in lines[-2:] if line.split()[0] == "*"]
+    assert starred == [placement]
+    assert (
+        lines[-3]
+        == "pipeline model (calibration cached here): "
+        + {
+            "colocated": "placement colocated; split 1+1 is predicted faster (placement auto)",
+            "split": "placement split 1+1",
+        }[placement]
+    )
