@@ -235,15 +235,16 @@ def _add_app_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_app_config(
-    args: argparse.Namespace, overrides: list[str], command: str
+    args: argparse.Namespace, overrides: list[str], command: str, available: bool = False
 ) -> tuple[Callable[[Any], Any], type, Any]:
     """The app's main, its config class and its config loaded from --config and `overrides`:
-    the one way every command taking an APP_PATH loads it."""
+    the one way every command taking an APP_PATH loads it. `available`: also check that the
+    models and the environment factory it names are here (a run about to start)."""
     # Required, not defaulted: a forgotten --config would start a run of the defaults.
     if args.config is None:
         _fail(f"error: forge {command} needs --config FILE, e.g. --config {EXAMPLE_CONFIG}")
     app_main, schema = load_app(args.app)
-    return app_main, schema, load_config(schema, args.config, overrides)
+    return app_main, schema, load_config(schema, args.config, overrides, available=available)
 
 
 def _load_run_config(
@@ -353,7 +354,7 @@ def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
-    app_main, _, cfg = _load_app_config(args, overrides, "run")
+    app_main, _, cfg = _load_app_config(args, overrides, "run", available=True)
     try:
         _run_app(args, app_main, cfg)
     except Exception as e:

@@ -92,6 +92,57 @@ def test_run_config_error_exits_2_with_one_line(app):
     )
 
 
+GRPO, AGENT = "configs/grpo/tiny_cpu.yaml", "configs/agent/tiny_cpu.yaml"
+MODELS = "expected 'SmolLM2-135M-Instruct', 'tiny-llama', 'tiny-qwen3' or a local directory"
+BAD_VALUES = [
+    # (config, override, the key and cause that end the line)
+    (GRPO, "trainer.model=nope", f"trainer.model: unknown model 'nope': {MODELS}"),
+    (GRPO, "generator.model=nope", f"generator.model: unknown model 'nope': {MODELS}"),
+    (GRPO, "trainer.model=''", "trainer.model: must be a model name or folder, got ''"),
+    (GRPO, "trainer.optimizer.lr=-1", "trainer.optimizer.lr: must be > 0, got -1.0"),
+    (GRPO, "group_size=0", "group_size: must be >= 1, got 0"),
+    (GRPO, "group_size=-1", "group_size: must be >= 1, got -1"),
+    (GRPO, "generator.sampling.max_tokens=0", "generator.sampling.max_tokens: must be >= 1, got 0"),
+    (GRPO, "steps=-1", "steps: must be >= 1, got -1"),
+    (AGENT, "env.options.hihg=4",
+     "env.options.hihg: forge.envs.tasks:GuessNumber takes no option 'hihg' (did you mean "
+     "'high'?)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "error"), BAD_VALUES, ids=[b[1] for b in BAD_VALUES]
+)
+def test_a_bad_value_stops_forge_run_in_one_line_before_anything_starts(
+    config, override, error, tmp_path, capsys, monkeypatch
+):
+    def start(*args):
+        raise AssertionError("the app's main ran")
+
+    monkeypatch.setattr(cli, "_run_app", start)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(REPO / "apps/grpo/main.py"), "--config", str(REPO / config),
+              f"run_dir={run_dir}", override])  # fmt: skip
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("forge: config error: ") and err.count("\n") == 1
+    assert f"command line: {error}" in err, err
+    assert not run_dir.exists()
+
+
+def test_a_value_out_of_range_is_one_line_from_the_forge_command(tmp_path):
+    # Once a ZeroDivisionError's traceback: the real command, its output and exit status.
+    result = forge("run", "apps/grpo/main.py", "--config", GRPO, f"run_dir={tmp_path}/run",
+                   "group_size=0")  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"forge: config error: {GRPO} and command line: group_size: must be >= 1, got 0\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_app_code_reaches_processes_that_cannot_import_it(app, tmp_path):
     # Actor processes get what the app defines by value: they cannot import the app by name.
     blob = tmp_path / "double.pkl"
