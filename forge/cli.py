@@ -16,7 +16,8 @@ loaded from FILE (required: configs/ holds one per app and machine) and the over
 (`trainer.optimizer.lr=1e-4`, see forge.config) before main is called, so a bad config fails
 with one line before any process starts. When the config has a `run_dir`, everything but
 forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
-<run_dir>/forge.log unless `--verbose`.
+<run_dir>/forge.log unless `--verbose`; a failure is one line on the console, an actor's told by
+the exception raised in it.
 
 `forge submit` runs the same `forge run` command as one SLURM batch job, the driver inside the
 allocation (forge/controller/slurm/submit.py); it prints the job id, the run folder and the log.
@@ -46,6 +47,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -180,8 +182,7 @@ def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
         say("forge: replay interrupted")
         raise
     except Exception as e:  # not a verdict on the record: the traceback goes to the log
-        first = (str(e).splitlines() or [""])[0]
-        say(f"forge: replay failed: {type(e).__name__}{': ' + first if first else ''} ({log})")
+        say(f"forge: replay failed: {_gist(e)} ({log})")
         raise SystemExit(3) from e
     raise SystemExit(status)
 
@@ -382,12 +383,25 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
         say(f"forge: config error: {e}")  # on the console: stderr now goes to the log
         raise SystemExit(2) from None
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
-        first = (str(e).splitlines() or [""])[0]
-        say(
-            f"forge: run {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
-            f"{type(e).__name__}{': ' + first if first else ''} (details: {log})"
-        )
+        what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        say(f"forge: run {what}: {_gist(e)} (details: {log})")
         raise
+
+
+def _gist(error: BaseException) -> str:
+    """`error` in one line: its type and its message's first line. An error raised in an actor
+    (Monarch's ActorError, whose message only says which call failed) is told by the exception
+    the actor raised, after the call: `TitanTrainer.setup: ValueError: unknown model 'x'`."""
+    from monarch.actor import ActorError  # loaded by any app with actors; not for --help
+
+    call = ""
+    while isinstance(error, ActorError):  # an actor's call of another actor nests them
+        if not call:
+            named = re.fullmatch(r"Actor call (\S+) failed.*", error.message)
+            call = f"{named[1] if named else error.message}: "
+        error = error.exception
+    first = (str(error).splitlines() or [""])[0]
+    return f"{call}{type(error).__name__}{': ' + first if first else ''}"
 
 
 def _host_lost(error: BaseException | None) -> bool:

@@ -143,6 +143,50 @@ def test_a_value_out_of_range_is_one_line_from_the_forge_command(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+FAILING_APP = """
+from dataclasses import dataclass
+
+from monarch.actor import ActorError
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/x"
+
+
+def main(cfg: Config) -> None:
+    # As Monarch raises it when an actor's setup fails: its message names only the call.
+    cause = ValueError("unknown model 'nope'\\nsecond line")
+    raise ActorError(cause, "Actor call TitanTrainer.setup failed.")
+"""
+
+
+def test_an_actors_error_reaches_the_console_as_its_cause(tmp_path, empty_config):
+    app = tmp_path / "failing.py"
+    app.write_text(FAILING_APP)
+    run_dir = tmp_path / "run"
+    result = forge("run", str(app), "--config", str(empty_config), f"run_dir={run_dir}")
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == (
+        f"forge: run failed: TitanTrainer.setup: ValueError: unknown model 'nope' "
+        f"(details: {run_dir / 'forge.log'})"
+    )
+    assert "second line" in (run_dir / "forge.log").read_text()  # the whole traceback
+
+
+def test_the_gist_of_nested_actor_errors_is_the_innermost_cause():
+    from monarch.actor import ActorError
+
+    inner = ActorError(KeyError("w"), "Actor call Generator.update failed.")
+    assert cli._gist(ActorError(inner, "Actor call TitanTrainer.publish failed.")) == (
+        "TitanTrainer.publish: KeyError: 'w'"
+    )
+    assert cli._gist(ActorError(RuntimeError(), "another message")) == (
+        "another message: RuntimeError"
+    )
+    assert cli._gist(OSError("disk full")) == "OSError: disk full"
+
+
 def test_app_code_reaches_processes_that_cannot_import_it(app, tmp_path):
     # Actor processes get what the app defines by value: they cannot import the app by name.
     blob = tmp_path / "double.pkl"
