@@ -16,7 +16,8 @@ loaded from FILE (required: configs/ holds one per app and machine) and the over
 (`trainer.optimizer.lr=1e-4`, see forge.config) before main is called, so a bad config fails
 with one line before any process starts. When the config has a `run_dir`, everything but
 forge's own lines (vLLM, Monarch, torch: this process's and its children's output) goes to
-<run_dir>/forge.log unless `--verbose`.
+<run_dir>/forge.log unless `--verbose`; a failure is one line on the console, an actor's told by
+the exception raised in it.
 
 `forge submit` runs the same `forge run` command as one SLURM batch job, the driver inside the
 allocation (forge/controller/slurm/submit.py); it prints the job id, the run folder and the log.
@@ -46,6 +47,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -181,8 +183,7 @@ def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
         say("forge: replay interrupted")
         raise
     except Exception as e:  # not a verdict on the record: the traceback goes to the log
-        first = (str(e).splitlines() or [""])[0]
-        say(f"forge: replay failed: {type(e).__name__}{': ' + first if first else ''} ({log})")
+        say(f"forge: replay failed: {_gist(e)} ({log})")
         raise SystemExit(3) from e
     raise SystemExit(status)
 
@@ -236,15 +237,16 @@ def _add_app_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_app_config(
-    args: argparse.Namespace, overrides: list[str], command: str
+    args: argparse.Namespace, overrides: list[str], command: str, available: bool = False
 ) -> tuple[Callable[[Any], Any], type, Any]:
     """The app's main, its config class and its config loaded from --config and `overrides`:
-    the one way every command taking an APP_PATH loads it."""
+    the one way every command taking an APP_PATH loads it. `available`: also check that the
+    models and the environment factory it names are here (a run about to start)."""
     # Required, not defaulted: a forgotten --config would start a run of the defaults.
     if args.config is None:
         _fail(f"error: forge {command} needs --config FILE, e.g. --config {EXAMPLE_CONFIG}")
     app_main, schema = load_app(args.app)
-    return app_main, schema, load_config(schema, args.config, overrides)
+    return app_main, schema, load_config(schema, args.config, overrides, available=available)
 
 
 def _load_run_config(
@@ -375,7 +377,7 @@ def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
-    app_main, _, cfg = _load_app_config(args, overrides, "run")
+    app_main, _, cfg = _load_app_config(args, overrides, "run", available=True)
     try:
         _run_app(args, app_main, cfg)
     except Exception as e:
@@ -406,12 +408,25 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
             shutil.rmtree(log.parent)  # the one line says it all: leave no folder behind
         raise SystemExit(2) from None
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
-        first = (str(e).splitlines() or [""])[0]
-        say(
-            f"forge: run {'interrupted' if isinstance(e, KeyboardInterrupt) else 'failed'}: "
-            f"{type(e).__name__}{': ' + first if first else ''} (details: {log})"
-        )
+        what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        say(f"forge: run {what}: {_gist(e)} (details: {log})")
         raise
+
+
+def _gist(error: BaseException) -> str:
+    """`error` in one line: its type and its message's first line. An error raised in an actor
+    (Monarch's ActorError, whose message only says which call failed) is told by the exception
+    the actor raised, after the call: `TitanTrainer.setup: ValueError: unknown model 'x'`."""
+    from monarch.actor import ActorError  # loaded by any app with actors; not for --help
+
+    call = ""
+    while isinstance(error, ActorError):  # an actor's call of another actor nests them
+        if not call:
+            named = re.fullmatch(r"Actor call (\S+) failed.*", error.message)
+            call = f"{named[1] if named else error.message}: "
+        error = error.exception
+    first = (str(error).splitlines() or [""])[0]
+    return f"{call}{type(error).__name__}{': ' + first if first else ''}"
 
 
 def _host_lost(error: BaseException | None) -> bool:

@@ -4,24 +4,38 @@ A config is a dataclass (holding other dataclasses, lists, dicts, Optional value
 as an Enum or a Literal); a yaml file maps onto it one to one. `load_config` applies, in order,
 the dataclass defaults, the yaml file and `key=value` overrides with dotted keys
 (`trainer.optimizer.lr=1e-4`, values parsed as yaml), resolves `${...}` interpolations and
-returns an instance of the dataclass. Checks that span several fields belong in
-`__post_init__`, raising ValueError. A dataclass whose key was renamed or removed says so in a
-class attribute `RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the
-error quotes it. A key there that is still a field is one the config derives (its
-`__post_init__`, or the app, fills it in): no input sets it, but a run folder's saved config
-(`known_only`) holds it.
+returns an instance of the dataclass.
+
+A dataclass checks its own values in `__post_init__`: a field's range with `require`,
+`at_least` or `positive`, which raise FieldError (the error names the field's full key), a
+combination of fields with a ValueError (the error names the section). What must exist on the
+machine that runs (a model, an environment factory) is checked by the dataclass's
+`check_available()` method, which `load_config(..., available=True)` calls on every section:
+`forge run` asks for it, `forge config show` and `forge plan` (which may look at another
+machine's config) do not. YAML 1.1 reads `on`, `off`, `yes`, `no`, `y` and `n` as booleans: one
+given to a `Literal` or Enum field that holds the word is taken as the word
+(`trainer.guard.action: off`).
+
+A dataclass whose key was renamed or removed says so in a class attribute
+`RENAMED_KEYS: ClassVar[dict[str, str]]` (old key -> where it went), and the error quotes it.
+A key there that is still a field is one the config derives (its `__post_init__`, or the app,
+fills it in): no input sets it, but a run folder's saved config (`known_only`) holds it.
 
 Every bad input raises ConfigError, whose message is one line naming where the input came from
 (the yaml file, or "command line") and the full dotted key:
 
     run.yaml: trainer.optimizer.lr: Value 'fast' of type 'str' could not be converted to Float
+    command line: trainer.optimizer.lr: must be > 0, got -1.0
 """
 
 import contextlib
+import dataclasses
 import difflib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -31,6 +45,9 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 T = TypeVar("T")
 
 COMMAND_LINE = "command line"
+# The words YAML 1.1 reads as True and as False (lower case): a choice spelled so comes back
+# from the yaml parser as a bool.
+_YAML_BOOLEANS = {True: ("y", "yes", "true", "on"), False: ("n", "no", "false", "off")}
 
 
 class ConfigError(ValueError):
@@ -41,11 +58,70 @@ class ConfigError(ValueError):
         super().__init__(" ".join(message.splitlines()))
 
 
+class FieldError(ValueError):
+    """A value one field of a config dataclass refuses, raised by its `__post_init__` or
+    `check_available`: the loader's message names the field's full dotted key,
+    `command line: trainer.optimizer.lr: must be > 0, got -1.0`.
+
+    Args:
+        field: the field's name, or a dotted key inside it (`sampling.max_tokens`).
+        detail: what is wrong with its value.
+    """
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field, self.detail = field, detail
+
+
+def require(cfg: object, name: str, ok: Callable[[Any], bool], want: str) -> None:
+    """Raises FieldError("`name` must be `want`") unless `ok` holds for that field of `cfg`;
+    None (an optional field left unset) passes."""
+    value = getattr(cfg, name)
+    if value is not None and not ok(value):
+        raise FieldError(name, f"must be {want}, got {value!r}")
+
+
+def at_least(cfg: object, low: int, *names: str) -> None:
+    """Raises FieldError for the first field of `names` of `cfg` below `low` (None passes)."""
+    for name in names:
+        require(cfg, name, lambda v: v >= low, f">= {low}")
+
+
+def positive(cfg: object, *names: str) -> None:
+    """Raises FieldError for the first field of `names` of `cfg` not > 0 (None passes)."""
+    for name in names:
+        require(cfg, name, lambda v: v > 0, "> 0")
+
+
+@contextlib.contextmanager
+def field_error(name: str) -> Iterator[None]:
+    """A ValueError raised inside (a check another module makes) becomes a FieldError of the
+    field `name`."""
+    try:
+        yield
+    except FieldError:
+        raise
+    except ValueError as e:
+        raise FieldError(name, str(e)) from None
+
+
+def check_available(cfg: Any) -> None:
+    """Runs the `check_available()` of every config dataclass in `cfg` (a model that resolves
+    here, an environment factory that imports and takes its options).
+
+    Raises:
+        ConfigError: naming the dotted key of the value that is not available.
+    """
+    if (refused := _unavailable(cfg)) is not None:
+        raise _error("", *refused)
+
+
 def load_config(
     schema: type[T],
     path: str | Path | None,
     overrides: Sequence[str] = (),
     known_only: bool = False,
+    available: bool = False,
 ) -> T:
     """Build a `schema` instance from its defaults, the yaml file at `path`, then `overrides`.
 
@@ -56,6 +132,8 @@ def load_config(
         known_only: the file is a run folder's config.yaml, an app's config as it ran, read as
             the fields every app shares: only its top-level keys that `schema` has, and the
             values the config derived (RENAMED_KEYS that are fields) taken as saved.
+        available: also check that what the config names is available on this machine
+            (`check_available`): for a run about to start, not a config only looked at.
 
     Raises:
         ConfigError: on any bad input, naming its source and key.
@@ -69,7 +147,12 @@ def load_config(
         _merge(cfg, data, str(path), applied, derived=known_only)
     for override in overrides:
         _merge(cfg, _parse_override(override), COMMAND_LINE, applied)
-    return _instantiate(cfg, applied, default_source=COMMAND_LINE if path is None else str(path))
+    default_source = COMMAND_LINE if path is None else str(path)
+    result = _instantiate(cfg, applied, default_source)
+    if available and (refused := _unavailable(result)) is not None:
+        key, detail = refused
+        raise _error(_sources(key, applied, default_source), key, detail)
+    return result
 
 
 @contextlib.contextmanager
@@ -145,12 +228,39 @@ def _merge(
             _merge(node[key], value, source, applied, f"{path}.", derived)
             continue
         try:
-            node.merge_with({key: value})
+            node.merge_with({key: _as_choice(node, key, value)})
         except ConfigKeyError as e:
             raise _error(source, e.full_key or path, _unknown_key(node, key, e)) from None
         except OmegaConfBaseException as e:
             raise _error(source, e.full_key or path, _first_line(e)) from None
         applied.append((path, source))
+
+
+def _as_choice(node: DictConfig, key: str, value: Any) -> Any:
+    """`value`, unless it is a bool that YAML 1.1 read from a word (`off`) given to a Literal
+    or Enum field: then the one choice of the field spelled as a word of that truth."""
+    if not isinstance(value, bool):
+        return value
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return value
+    choices = _choices(get_type_hints(schema).get(key))
+    words = [c for c in choices if isinstance(c, str) and c.lower() in _YAML_BOOLEANS[value]]
+    if any(c is value for c in choices) or len(words) != 1:  # a bool choice, or two words
+        return value
+    return words[0]
+
+
+def _choices(annotation: Any) -> list[Any]:
+    """The values a Literal allows and the member names of an Enum, in an Optional too."""
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return list(annotation.__members__)
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return list(get_args(annotation))
+    if origin in (Union, UnionType):
+        return [choice for arg in get_args(annotation) for choice in _choices(arg)]
+    return []
 
 
 def _holds_mapping(node: DictConfig, key: str) -> bool:
@@ -168,6 +278,8 @@ def _instantiate(cfg: DictConfig, applied: list[tuple[str, str]], default_source
         key, detail = e.full_key or "", "missing required value"
     except OmegaConfBaseException as e:  # an interpolation that does not resolve
         key, detail = e.full_key or "", _first_line(e)
+    except FieldError as e:  # a __post_init__ refused one field's value
+        key, detail = _join(_refusing_node(cfg), e.field), e.detail
     except ValueError as e:  # a __post_init__ refused a combination of values
         key, detail = _refusing_node(cfg), str(e)
     # Raised outside the handlers so that omegaconf's exception is not chained onto it.
@@ -183,6 +295,29 @@ def _refusing_node(node: DictConfig, prefix: str = "") -> str:
             except ValueError:
                 return _refusing_node(child, f"{prefix}{key}.")
     return prefix.removesuffix(".")
+
+
+def _unavailable(cfg: Any, prefix: str = "") -> tuple[str, str] | None:
+    """(dotted key, why) of the first value in `cfg` whose dataclass's `check_available`
+    refuses it, depth first; None: all are available."""
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        return None
+    try:
+        if hasattr(cfg, "check_available"):
+            cfg.check_available()
+    except FieldError as e:
+        return _join(prefix, e.field), e.detail
+    except ValueError as e:
+        return prefix, str(e)
+    for f in dataclasses.fields(cfg):
+        if (refused := _unavailable(getattr(cfg, f.name), _join(prefix, f.name))) is not None:
+            return refused
+    return None
+
+
+def _join(prefix: str, key: str) -> str:
+    """`prefix.key`, or `key` at the top ("")."""
+    return f"{prefix}.{key}" if prefix else key
 
 
 def _sources(key: str, applied: list[tuple[str, str]], default: str) -> str:

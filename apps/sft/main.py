@@ -14,7 +14,7 @@ held-out rows greedily (`eval/reward`), and the trainer scores the held-out answ
 import time
 from dataclasses import dataclass, field
 
-from forge.config import config_error
+from forge.config import at_least, config_error
 from forge.data.datasets import PromptDataset
 from forge.data.episode import Episode
 from forge.data.sft import (
@@ -57,6 +57,7 @@ class Config(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        at_least(self, 1, "batch_size", "bucket_window")
         if self.target.column is not None and self.target.column == self.data.answer_column:
             # The rows carry that column as the answer: the template does the job.
             raise ValueError(

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from monarch.actor import endpoint
 from monarch.actor.concurrent import concurrent_endpoint
 
+from forge.config import positive
 from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
 from forge.data.episode import Episode
@@ -137,6 +138,7 @@ class ReplayBufferConfig:
         if self.sampling not in SAMPLERS:
             raise ValueError(f"sampling must be one of {tuple(SAMPLERS)}, got {self.sampling!r}")
         _check_batch_size(self.batch_size, self.dp_size, self.capacity)
+        positive(self, "sample_timeout_s")
 
 
 def _check_batch_size(batch_size: int, dp_size: int, capacity: int) -> None:

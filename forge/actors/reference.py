@@ -16,10 +16,11 @@ import torch
 from monarch.actor import endpoint
 
 from forge.actors.vllm.scorer import TopLogprobs, VLLMScorer, check_temperature
+from forge.config import at_least, field_error, positive, require
 from forge.controller import ForgeActor, retry_safe
 from forge.controller.compute_thread import ComputeThread
 from forge.data.collate import first_position, gather_tokens, pad_sequences
-from forge.models import resolve_model, titan
+from forge.models import check_model, resolve_model, titan
 
 # How the frozen model computes its logprobs (module docstring).
 Backend = Literal["titan", "vllm"]
@@ -49,10 +50,18 @@ class ReferenceConfig:
     kv_cache_mb: int | None = 256
 
     def __post_init__(self) -> None:
+        require(self, "model", bool, "a model name or folder")
+        positive(self, "temperature")
+        at_least(self, 1, "max_batch", "max_model_len", "max_num_seqs", "kv_cache_mb")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm":
             check_temperature(self.temperature)
+
+    def check_available(self) -> None:
+        """Raises FieldError unless `model` resolves on this machine (nothing is built)."""
+        with field_error("model"):
+            check_model(self.model)
 
 
 class ReferenceModel(ForgeActor):

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, get_args
 import monarch.actor
 from monarch.actor import HostMesh, ProcMesh, default_bootstrap_cmd
 
+from forge.config import at_least, positive
 from forge.controller.hosts import HostLauncher, LocalLauncher, ProcessLauncher
 from forge.controller.monarch_compat import stop_proc_mesh
 from forge.controller.slurm.config import SlurmConfig
@@ -57,6 +58,9 @@ class ProvisionerConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
+        at_least(self, 0, "gpus_per_host")
+        at_least(self, 1, "cpus_per_host")
+        positive(self, "stop_timeout_s")
         self.host_launcher()  # refuses an unknown launcher, or hosts it cannot have
 
     def host_launcher(self) -> HostLauncher:

@@ -10,6 +10,7 @@ from forge.actors.environment import EnvironmentActor
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.actors.trainer import TitanTrainer, TrainerConfig
+from forge.config import at_least
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
@@ -65,6 +66,7 @@ class EvalConfig:
     }
 
     def __post_init__(self) -> None:
+        at_least(self, 1, "max_tokens")
         if self.interval < 0 or self.size < 1:
             raise ValueError(f"need interval >= 0 and size >= 1, got {self.interval}, {self.size}")
         chosen = [k for k in ("fraction", "split", "data") if getattr(self, k) is not None]
@@ -160,6 +162,8 @@ class RunConfig:
     REWARDS_ROLLOUTS: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
+        at_least(self, 1, "steps")
+        at_least(self, 0, "max_trainer_restarts")
         if self.OBJECTIVE is not None:
             self.trainer.objective = self.OBJECTIVE
         checkpoint = self.trainer.checkpoint
@@ -221,6 +225,7 @@ class RLConfig(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        at_least(self, 1, "group_size")
         if self.buffer.batch_size % self.group_size:
             raise ValueError(
                 f"buffer.batch_size {self.buffer.batch_size} must be a multiple of group_size "

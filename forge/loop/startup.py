@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.config import config_error
+from forge.config import check_available, config_error
 from forge.controller import get_provisioner, init_provisioner, shutdown
 from forge.data.chat import ChatBridge
 from forge.data.datasets import PromptDataset, open_dataset
@@ -68,10 +68,12 @@ async def start_parts(
     them; each started thing's close goes on `exits`.
 
     Raises:
-        ConfigError: an impossible placement, data that cannot be read, a reward the data
-            cannot feed; before the folder or any process.
+        ConfigError: a model or environment factory not found here, an impossible placement,
+            data that cannot be read, a reward the data cannot feed; before the folder or any
+            process.
         RunFinished: the folder's run took `steps` already; before anything starts.
     """
+    check_available(cfg)  # `forge run` checked it; a notebook's Run.start(cfg) had not
     plan = plan_run(cfg)
     data, held_out = open_data(cfg)
     run_dir = Path(cfg.run_dir)
@@ -120,9 +122,6 @@ def open_data(cfg: RunConfig) -> tuple[PromptDataset, EvalRows | None]:
         data = open_dataset(cfg.data, cfg.eval.hold_out())
     with config_error("eval"):
         held_out = eval_rows(cfg.eval, cfg.data, data) if cfg.eval.interval else None
-    if cfg.generates():
-        with config_error("env.factory"):
-            cfg.env.resolve()  # a name that does not import fails before any process
     with config_error("reward.functions"):
         functions = {name: resolve_reward(name) for name in cfg.reward.functions}
         check_columns(functions, data.name, data.columns)

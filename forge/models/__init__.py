@@ -4,6 +4,7 @@ layer-pruned copies."""
 from forge.models.assets import (
     DEFAULT_MODEL,
     TINY_FAMILIES,
+    check_model,
     load_tokenizer,
     models_dir,
     resolve_model,
@@ -15,6 +16,7 @@ from forge.models.prune import PrunedModel, prune_layers
 __all__ = [
     "DEFAULT_MODEL",
     "TINY_FAMILIES",
+    "check_model",
     "load_tokenizer",
     "PrunedModel",
     "models_dir",

@@ -108,13 +108,22 @@ def resolve_model(name_or_path: str | Path) -> Path:
     shapes; any local directory that holds a config.json.
     """
     name = str(name_or_path)
+    check_model(name)
     if name in _SMOLLM2_NAMES:
         return smollm2()
     if name in _TINY_NAMES:
         return tiny_model(_TINY_NAMES[name])
-    local = Path(name).expanduser()
-    if (local / "config.json").is_file():
-        return local.resolve()
+    return Path(name).expanduser().resolve()
+
+
+def check_model(name_or_path: str | Path) -> None:
+    """Raises ValueError unless `resolve_model` resolves `name_or_path`, without building or
+    reading the checkpoint: a config's check before anything starts."""
+    name = str(name_or_path)
+    if name in _SMOLLM2_NAMES or name in _TINY_NAMES:
+        return
+    if name and (Path(name).expanduser() / "config.json").is_file():
+        return
     raise ValueError(
         f"unknown model {name!r}: expected {DEFAULT_MODEL!r}, 'tiny-llama', 'tiny-qwen3' or a "
         "local directory with a config.json (nothing can be downloaded from a hub here)"

@@ -21,7 +21,14 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge.models.assets import DEFAULT_MODEL, _build_once, models_dir, resolve_model
+from forge.config import field_error, require
+from forge.models.assets import (
+    DEFAULT_MODEL,
+    _build_once,
+    check_model,
+    models_dir,
+    resolve_model,
+)
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -37,6 +44,15 @@ class PrunedModel:
 
     base: str = DEFAULT_MODEL
     drop_layers: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        require(self, "base", bool, "a model name or folder")
+        require(self, "drop_layers", lambda layers: min(layers, default=0) >= 0, "indices >= 0")
+
+    def check_available(self) -> None:
+        """Raises FieldError unless `base` resolves on this machine (nothing is built)."""
+        with field_error("base"):
+            check_model(self.base)
 
     def path(self) -> Path:
         """The pruned checkpoint folder (the base itself when nothing is dropped)."""

@@ -13,6 +13,7 @@ from typing import Literal, Protocol, TextIO
 
 from tqdm import tqdm
 
+from forge.config import at_least
 from forge.observability.console import console
 from forge.observability.progress import ProgressBar, short_names
 
@@ -65,6 +66,9 @@ class MetricsConfig:
     wandb: bool = False
     wandb_project: str = "forge"
     wandb_mode: Literal["offline", "online"] = "offline"
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "progress_total")
 
 
 def build_backends(cfg: MetricsConfig, run_dir: str | Path) -> list[Backend]:

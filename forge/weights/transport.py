@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from forge.config import positive
 from forge.weights.manifest import Manifest
 
 
@@ -32,6 +33,9 @@ class TransportConfig:
     kind: Literal["shm", "rdma", "torchstore"] = "shm"
     path: str | None = None
     fetch_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        positive(self, "fetch_timeout_s")
 
 
 class WeightTransport(Protocol):

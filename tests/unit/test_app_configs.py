@@ -7,7 +7,8 @@ import pytest
 from helper_configs import APPS, CONFIGS, ROOT
 
 from forge.cli import load_app
-from forge.config import ConfigError, load_config
+from forge.config import ConfigError, FieldError, load_config
+from forge.envs.config import EnvConfig
 from forge.observability import ConsoleBackend
 
 
@@ -166,3 +167,41 @@ def test_the_sft_console_shows_the_trainers_throughput_not_the_generators():
         1, {"train/loss": 2.5, "train/tokens_per_s": 2351.0, "generator/tokens_per_s": 0.0}
     )
     assert line == "step 1 | train/loss 2.5 | trained tok/s 2351"
+
+
+def test_the_guard_can_be_turned_off_as_yaml_spells_it(tmp_path):
+    # YAML 1.1 reads `off` as false: the loader takes it as the choice it spells.
+    grpo = ROOT / "configs" / "grpo" / "tiny_cpu.yaml"
+    assert (
+        load_config(schema(grpo), grpo, ["trainer.guard.action=off"]).trainer.guard.action == "off"
+    )
+    own = tmp_path / "off.yaml"
+    own.write_text(grpo.read_text().replace("trainer:\n", "trainer:\n  guard: {action: off}\n", 1))
+    assert load_config(schema(grpo), own).trainer.guard.action == "off"
+
+
+class AnyOptions:
+    """An environment factory that takes any option."""
+
+    def __init__(self, row: dict, **options: object) -> None:
+        self.options = options
+
+
+@pytest.mark.parametrize(
+    ("factory", "options", "error"),
+    [
+        ("forge.envs.tasks:GuessNumber", {"high": 4}, None),
+        ("test_app_configs:AnyOptions", {"anything": 1}, None),
+        ("forge.envs.tasks:GuessNumber", {"hgih": 4}, r"options.hgih: .* \(did you mean 'high'"),
+        ("forge.envs.tasks:ToolTask", {"colour": 1}, r"options.colour: .* \(it takes: tools\)"),
+        ("helper_envs:SlowGuess", {"high": 4}, "options: .*missing a required argument: 'step_s'"),
+        ("forge.envs.tasks:Nope", {}, "factory: cannot import environment factory"),
+    ],
+)
+def test_an_environments_options_are_checked_against_its_factory(factory, options, error):
+    env = EnvConfig(factory, options)
+    if error is None:
+        env.check_available()
+        return
+    with pytest.raises(FieldError, match=f"^{error}"):
+        env.check_available()

@@ -14,7 +14,14 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from forge.models import assets
-from forge.models.assets import DEFAULT_MODEL, models_dir, resolve_model, smollm2, tiny_model
+from forge.models.assets import (
+    DEFAULT_MODEL,
+    check_model,
+    models_dir,
+    resolve_model,
+    smollm2,
+    tiny_model,
+)
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +118,22 @@ def test_resolve_model_names_and_paths(smol, tmp_path):
     assert resolve_model(str(smol)) == smol
 
 
-@pytest.mark.parametrize("junk", ["gpt-5", "org/some-model", "/nonexistent/dir", "."])
+@pytest.mark.parametrize("junk", ["gpt-5", "org/some-model", "/nonexistent/dir", ".", ""])
 def test_resolve_model_rejects_junk(junk):
-    with pytest.raises(ValueError, match=rf"unknown model {re.escape(repr(junk))}.*tiny-llama"):
-        resolve_model(junk)
+    for check in (check_model, resolve_model):
+        with pytest.raises(ValueError, match=rf"unknown model {re.escape(repr(junk))}.*tiny-llama"):
+            check(junk)
+
+
+def test_an_empty_name_is_not_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="unknown model ''"):
+        check_model("")
+
+
+def test_check_model_builds_and_reads_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(assets, "_build_once", lambda *args: pytest.fail("built a checkpoint"))
+    (tmp_path / "config.json").write_text("not json: never read")
+    for name in (DEFAULT_MODEL, "tiny-llama", "tiny-qwen3", str(tmp_path)):
+        check_model(name)

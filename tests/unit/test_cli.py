@@ -92,6 +92,101 @@ def test_run_config_error_exits_2_with_one_line(app):
     )
 
 
+GRPO, AGENT = "configs/grpo/tiny_cpu.yaml", "configs/agent/tiny_cpu.yaml"
+MODELS = "expected 'SmolLM2-135M-Instruct', 'tiny-llama', 'tiny-qwen3' or a local directory"
+BAD_VALUES = [
+    # (config, override, the key and cause that end the line)
+    (GRPO, "trainer.model=nope", f"trainer.model: unknown model 'nope': {MODELS}"),
+    (GRPO, "generator.model=nope", f"generator.model: unknown model 'nope': {MODELS}"),
+    (GRPO, "trainer.model=''", "trainer.model: must be a model name or folder, got ''"),
+    (GRPO, "trainer.optimizer.lr=-1", "trainer.optimizer.lr: must be > 0, got -1.0"),
+    (GRPO, "group_size=0", "group_size: must be >= 1, got 0"),
+    (GRPO, "group_size=-1", "group_size: must be >= 1, got -1"),
+    (GRPO, "generator.sampling.max_tokens=0", "generator.sampling.max_tokens: must be >= 1, got 0"),
+    (GRPO, "steps=-1", "steps: must be >= 1, got -1"),
+    (AGENT, "env.options.hihg=4",
+     "env.options.hihg: forge.envs.tasks:GuessNumber takes no option 'hihg' (did you mean "
+     "'high'?)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "error"), BAD_VALUES, ids=[b[1] for b in BAD_VALUES]
+)
+def test_a_bad_value_stops_forge_run_in_one_line_before_anything_starts(
+    config, override, error, tmp_path, capsys, monkeypatch
+):
+    def start(*args):
+        raise AssertionError("the app's main ran")
+
+    monkeypatch.setattr(cli, "_run_app", start)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(REPO / "apps/grpo/main.py"), "--config", str(REPO / config),
+              f"run_dir={run_dir}", override])  # fmt: skip
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("forge: config error: ") and err.count("\n") == 1
+    assert f"command line: {error}" in err, err
+    assert not run_dir.exists()
+
+
+def test_a_value_out_of_range_is_one_line_from_the_forge_command(tmp_path):
+    # Once a ZeroDivisionError's traceback: the real command, its output and exit status.
+    result = forge("run", "apps/grpo/main.py", "--config", GRPO, f"run_dir={tmp_path}/run",
+                   "group_size=0")  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"forge: config error: {GRPO} and command line: group_size: must be >= 1, got 0\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+FAILING_APP = """
+from dataclasses import dataclass
+
+from monarch.actor import ActorError
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/x"
+
+
+def main(cfg: Config) -> None:
+    # As Monarch raises it when an actor's setup fails: its message names only the call.
+    cause = ValueError("unknown model 'nope'\\nsecond line")
+    raise ActorError(cause, "Actor call TitanTrainer.setup failed.")
+"""
+
+
+def test_an_actors_error_reaches_the_console_as_its_cause(tmp_path, empty_config):
+    app = tmp_path / "failing.py"
+    app.write_text(FAILING_APP)
+    run_dir = tmp_path / "run"
+    result = forge("run", str(app), "--config", str(empty_config), f"run_dir={run_dir}")
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == (
+        f"forge: run failed: TitanTrainer.setup: ValueError: unknown model 'nope' "
+        f"(details: {run_dir / 'forge.log'})"
+    )
+    assert "second line" in (run_dir / "forge.log").read_text()  # the whole traceback
+
+
+def test_the_gist_of_nested_actor_errors_is_the_innermost_cause():
+    from monarch.actor import ActorError
+
+    inner = ActorError(KeyError("w"), "Actor call Generator.update failed.")
+    assert cli._gist(ActorError(inner, "Actor call TitanTrainer.publish failed.")) == (
+        "TitanTrainer.publish: KeyError: 'w'"
+    )
+    assert cli._gist(ActorError(RuntimeError(), "another message")) == (
+        "another message: RuntimeError"
+    )
+    assert cli._gist(OSError("disk full")) == "OSError: disk full"
+
+
 def test_app_code_reaches_processes_that_cannot_import_it(app, tmp_path):
     # Actor processes get what the app defines by value: they cannot import the app by name.
     blob = tmp_path / "double.pkl"

@@ -8,7 +8,14 @@ from typing import ClassVar, Literal
 import pytest
 from omegaconf import MISSING
 
-from forge.config import ConfigError, load_config
+from forge.config import (
+    ConfigError,
+    FieldError,
+    at_least,
+    check_available,
+    load_config,
+    positive,
+)
 
 
 class UpdateMode(Enum):
@@ -300,3 +307,107 @@ def test_a_saved_config_holds_the_derived_values(tmp_path):
     """A run folder's config.yaml (read with known_only) is the config as it ran."""
     path = write(tmp_path, "workers: 3\nbuffer: {batch_size: 8, ranks: 3}\nother_app_key: 1\n")
     assert load_config(Run, path, known_only=True).buffer.ranks == 3
+
+
+# Field checks: a __post_init__ refusing one field names its full key.
+
+
+@dataclass
+class Sampling:
+    max_tokens: int = 8
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "max_tokens")
+        positive(self, "top_p")  # None: unset, not checked
+
+
+@dataclass
+class Engine:
+    model: str = "tiny"
+    sampling: Sampling = field(default_factory=Sampling)
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "steps")
+
+    def check_available(self) -> None:
+        if self.model != "tiny":
+            raise FieldError("model", f"unknown model {self.model!r}")
+
+
+@dataclass
+class Top:
+    engine: Engine = field(default_factory=Engine)
+    group_size: int = 4
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "group_size")
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("engine.sampling.max_tokens=0", "engine.sampling.max_tokens: must be >= 1, got 0"),
+        ("engine.sampling.top_p=-0.5", "engine.sampling.top_p: must be > 0, got -0.5"),
+        ("engine.steps=-1", "engine.steps: must be >= 0, got -1"),
+        ("group_size=0", "group_size: must be >= 1, got 0"),
+    ],
+)
+def test_a_value_out_of_its_range_names_its_full_key(override, error):
+    with pytest.raises(ConfigError) as info:
+        load_config(Top, None, [override])
+    assert str(info.value) == f"command line: {error}"
+
+
+def test_a_field_error_outside_the_loader_names_the_field():
+    with pytest.raises(FieldError, match="^max_tokens: must be >= 1, got 0$"):
+        Sampling(max_tokens=0)
+
+
+def test_what_must_be_on_this_machine_is_checked_when_asked(tmp_path):
+    path = write(tmp_path, "engine: {model: huge}\n")
+    assert load_config(Top, path).engine.model == "huge"  # `forge config show`, `forge plan`
+    with pytest.raises(ConfigError, match=rf"^{path}: engine.model: unknown model 'huge'$"):
+        load_config(Top, path, available=True)  # `forge run`
+    with pytest.raises(ConfigError, match="^engine.model: unknown model 'huge'$"):
+        check_available(load_config(Top, path))  # a config built in Python
+
+
+# YAML 1.1 booleans given to a choice
+
+
+class Power(Enum):
+    on = "on"
+    standby = "standby"
+
+
+@dataclass
+class Choices:
+    action: Literal["skip", "stop", "off"] = "skip"
+    switch: Literal["on", "auto"] | None = None
+    mode: UpdateMode = UpdateMode.drain
+    power: Power = Power.standby
+    answer: Literal["yes", "y", "no"] = "no"  # two words for True
+    flag: Literal[True, "auto"] = "auto"  # True is a choice itself
+
+
+@pytest.mark.parametrize("where", ["file", "command line"])
+def test_a_choice_that_yaml_reads_as_a_boolean_is_taken_as_the_word(tmp_path, where):
+    text = {"action": "off", "switch": "On", "power": "ON"}
+    path = write(tmp_path, "".join(f"{k}: {v}\n" for k, v in text.items()))
+    if where == "file":
+        cfg = load_config(Choices, path)
+    else:
+        cfg = load_config(Choices, None, [f"{k}={v}" for k, v in text.items()])
+    assert (cfg.action, cfg.switch, cfg.power) == ("off", "on", Power.on)
+    assert load_config(Choices, None, ["flag=yes"]).flag is True
+
+
+def test_a_boolean_no_choice_or_two_choices_spell_is_refused():
+    with pytest.raises(ConfigError, match="^command line: action: Invalid value 'True'"):
+        load_config(Choices, None, ["action=on"])  # off, but not on, is a choice
+    with pytest.raises(ConfigError, match="^command line: answer: Invalid value 'True'"):
+        load_config(Choices, None, ["answer=yes"])  # yes or y: not guessed
+    with pytest.raises(ConfigError, match="^command line: mode: "):
+        load_config(Choices, None, ["mode=off"])

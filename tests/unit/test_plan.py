@@ -313,10 +313,12 @@ def test_the_plan_is_what_run_start_places(name, overrides, tmp_path, monkeypatc
     monkeypatch.setattr(provisioner, "proc_env", _record)
     monkeypatch.setattr(startup_module.RunLogs, "__init__", _stop)
     monkeypatch.setattr(startup_module, "make_transport", lambda cfg: _Transport())
-    # The GPU configs' checkpoints are not on this machine: a tokenizer stands in for theirs.
+    # The GPU configs' checkpoints are not on this machine: a tokenizer stands in for theirs,
+    # and their models are taken as found.
     monkeypatch.setattr(
         startup_module, "load_tokenizer", lambda model: SimpleNamespace(eos_token="")
     )
+    monkeypatch.setattr(startup_module, "check_available", lambda cfg: None)
     if cfg.weight_sync.transport.kind == "torchstore":
         from forge.weights import torchstore_compat
 

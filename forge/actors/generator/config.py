@@ -3,6 +3,9 @@
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
+from forge.config import FieldError, at_least, field_error, positive, require
+from forge.models import check_model
+
 UpdateMode = Literal["drain", "abort", "inflight"]
 UPDATE_MODES: tuple[str, ...] = get_args(UpdateMode)
 
@@ -28,6 +31,11 @@ class SamplingConfig:
     max_tokens: int = 64
     seed: int | None = None
     ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "n", "max_tokens")
+        at_least(self, 0, "temperature", "top_k")
+        require(self, "top_p", lambda p: 0 < p <= 1, "in (0, 1]")
 
 
 @dataclass
@@ -74,8 +82,23 @@ class GeneratorConfig:
     }
 
     def __post_init__(self) -> None:
+        require(self, "model", bool, "a model name or folder")
+        at_least(self, 1, "max_model_len", "max_num_seqs", "kv_cache_mb", "tensor_parallel_size")
+        require(self, "gpu_memory_utilization", lambda u: 0 < u <= 1, "in (0, 1]")
+        positive(self, "drain_timeout_s")
+        if self.sampling.max_tokens >= self.max_model_len:
+            raise FieldError(
+                "sampling.max_tokens",
+                f"must be < max_model_len {self.max_model_len}, got {self.sampling.max_tokens}: "
+                "a prompt needs room in the context too",
+            )
         # The yaml loader checks the Literal; this catches a config built in Python.
         check_update_mode(self.update_mode)
+
+    def check_available(self) -> None:
+        """Raises FieldError unless `model` resolves on this machine (nothing is built)."""
+        with field_error("model"):
+            check_model(self.model)
 
 
 def check_update_mode(mode: str) -> None:

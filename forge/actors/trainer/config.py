@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from forge.actors.trainer.checkpointing import CheckpointConfig
+from forge.config import at_least, field_error, positive, require
 from forge.losses import OBJECTIVES, LossConfig, ObjectiveName
+from forge.models import check_model
 from forge.models.titan import LOGITS_CHUNK_TOKENS
 
 
@@ -26,6 +28,15 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        positive(self, "lr", "eps")
+        at_least(self, 0, "weight_decay")
+        require(self, "betas", _decay_rates, "two decay rates in [0, 1)")
+
+
+def _decay_rates(betas: list[float]) -> bool:
+    return len(betas) == 2 and all(0 <= b < 1 for b in betas)
+
 
 @dataclass
 class SchedulerConfig:
@@ -42,6 +53,10 @@ class SchedulerConfig:
     decay: Literal["constant", "linear", "cosine"] = "constant"
     decay_steps: int = 0
     min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "warmup_steps", "decay_steps")
+        require(self, "min_lr_ratio", lambda r: 0 <= r <= 1, "in [0, 1]")
 
 
 @dataclass
@@ -144,6 +159,9 @@ class TrainerConfig:
     }
 
     def __post_init__(self) -> None:
+        require(self, "model", bool, "a model name or folder")
+        positive(self, "temperature", "max_grad_norm")
+        at_least(self, 1, "tensor_parallel")
         # Literal fields are checked by the config loader; this guards direct construction.
         if self.objective not in OBJECTIVES:
             known = sorted(OBJECTIVES)
@@ -157,6 +175,11 @@ class TrainerConfig:
                 "need micro_batch_size >= 0 and logits_chunk_tokens >= 1, got "
                 f"{self.micro_batch_size} and {self.logits_chunk_tokens}"
             )
+
+    def check_available(self) -> None:
+        """Raises FieldError unless `model` resolves on this machine (nothing is built)."""
+        with field_error("model"):
+            check_model(self.model)
 
 
 def lr_factor(cfg: SchedulerConfig, step: int) -> float:

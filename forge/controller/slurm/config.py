@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from forge.config import at_least
+
 
 @dataclass
 class SlurmConfig:
@@ -46,3 +48,7 @@ class SlurmConfig:
     log_dir: str | None = None
     driver_address: str | None = None
     max_requeues: int = 3
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "gpus_per_node", "max_requeues")
+        at_least(self, 1, "cpus_per_task", "job_start_timeout", "port")
