@@ -17,6 +17,7 @@ SLOWEST_FIRST = (
     "e2e/test_resume.py",  # ~370 s
     "e2e/test_distillation.py",  # ~300 s
     "e2e/test_colocated.py",  # ~300 s
+    "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
     "integration/test_slurm.py",  # ~250 s
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
     "e2e/test_given_back.py",  # ~140 s

@@ -381,7 +381,8 @@ def _malformed(table: Any, config: DataConfig, where: str, rows: int) -> dict[in
     """Row index -> what is wrong with it, for the first `rows` rows of `table`; raises on the
     first with `on_bad_row: raise`, else names the first in one warning."""
     columns = (config.prompt_column, config.answer_column)
-    malformed = malformed_rows(table, where, columns, rows)
+    path = Path(config.path) if config.source == "local" else None
+    malformed = malformed_rows(table, where, columns, rows, path)
     if malformed:
         first = next(iter(malformed.values()))
         if config.on_bad_row == "raise":

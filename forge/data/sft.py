@@ -66,7 +66,7 @@ class SFTExample:
         prompt_ids: the chat prompt with the generation prompt, as the generator builds it.
         answer_ids: the target text's tokens, then the chat template's end-of-turn token(s).
         text: the target text (without the end-of-turn token).
-        name: the source row ("basic_arithmetic row 12"), for errors and group ids.
+        name: the source row ("basic_arithmetic row 12": its index, from 0), its group id.
         row: the source row's index.
     """
 
@@ -98,7 +98,9 @@ def target_text(row: Row, target: SFTTarget) -> str:
     text = "" if value is None else str(value)
     if not text.strip():
         problem = "is null" if value is None else f"is empty ({value!r})"
-        raise DatasetError(f"{_row_name(row)}: {what} {problem}; SFT needs a target text")
+        # Counted from 1, as the dataset's own checks name rows (forge.data.tables.row_names).
+        where = f"{row.get('task')} row {row['index'] + 1}"
+        raise DatasetError(f"{where}: {what} {problem}; SFT needs a target text")
     return text if target.column is not None else target.template.replace("{answer}", text)
 
 

@@ -11,11 +11,14 @@ one, the row and the column:
       file, the first row that is not valid JSON or not an object;
     - a prompt or answer that is null, empty or of the wrong type names the row and column
       (`malformed_rows`; the dataset decides whether to raise or to skip them).
+A row is named as an editor shows it (`row_names`): "line N" in a JSON Lines or csv file, else
+"row N", both counting from 1.
 """
 
+import csv
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -122,24 +125,64 @@ def _load_file(path: Path, columns: tuple[str, str], cache_dir: str | None) -> "
 def _json_problem(path: Path, columns: tuple[str, str]) -> str | None:
     """The first malformed row of a json/jsonl file, if any (see `row_problem`)."""
     text = path.read_text(encoding="utf-8")
-    try:
-        records = json.loads(text)
-        records = records if isinstance(records, list) else [records]
-    except json.JSONDecodeError:
-        records = []
-        for line_number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
+    numbered = _json_lines(text)
+    if numbered is None:
+        document = json.loads(text)
+        records = document if isinstance(document, list) else [document]
+        places = [f"row {index + 1}" for index in range(len(records))]
+    else:
+        records, places = [], []
+        for number, line in numbered:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as e:
-                return f"{path} line {line_number} (row {len(records)}): not valid JSON: {e.msg}"
-    for index, record in enumerate(records):
+                return f"{path} line {number}: not valid JSON: {e.msg}"
+            places.append(f"line {number}")
+    for record, place in zip(records, places, strict=True):
         if not isinstance(record, dict):
-            return f"{path} row {index}: a {type(record).__name__}, not a JSON object"
+            return f"{path} {place}: a {type(record).__name__}, not a JSON object"
         problem = row_problem(record, columns)
         if problem:
-            return f"{path} row {index}: {problem}"
+            return f"{path} {place}: {problem}"
+    return None
+
+
+def _json_lines(text: str) -> list[tuple[int, str]] | None:
+    """A JSON Lines text's non-blank lines with their numbers (from 1), or None for a text
+    that is one JSON document (an array of rows, or one object)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        # Split on newlines only, as editors number lines: a JSON string may hold U+2028.
+        return [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    return None
+
+
+def row_names(path: Path | None, rows: int) -> Callable[[int], str]:
+    """How messages name row `index` of a table of `rows` rows read from `path` (None: not a
+    file): "line N" where the file holds one row per line (JSON Lines) or per record (csv,
+    whose header is line 1), else "row N"; both count from 1, as an editor numbers lines."""
+    lines = _row_lines(path) if path is not None and path.is_file() else None
+    if lines is not None and len(lines) == rows:
+        return lambda index: f"line {lines[index]}"
+    return lambda index: f"row {index + 1}"
+
+
+def _row_lines(path: Path) -> list[int] | None:
+    """The line each row of a JSON Lines or csv file starts on, or None for other files."""
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            next(reader, None)  # the header
+            starts, end = [], reader.line_num
+            for record in reader:
+                if record:  # the loader (pandas) skips blank lines
+                    starts.append(end + 1)
+                end = reader.line_num  # a quoted field may span lines
+            return starts
+    if path.suffix in (".json", ".jsonl"):
+        numbered = _json_lines(path.read_text(encoding="utf-8"))
+        return None if numbered is None else [number for number, _ in numbered]
     return None
 
 
@@ -153,19 +196,27 @@ def require_columns(where: str, columns: Sequence[str], column: str, key: str) -
 
 
 def malformed_rows(
-    table: "datasets.Dataset", name: str, columns: tuple[str, str], limit: int | None = None
+    table: "datasets.Dataset",
+    name: str,
+    columns: tuple[str, str],
+    limit: int | None = None,
+    path: Path | None = None,
 ) -> dict[int, str]:
-    """Row index -> "<name> row <i>: column '<column>' <problem>", for each malformed row of
-    the first `limit` rows (None: all). `columns`: the prompt and answer columns."""
+    """Row index -> "<name> <row>: column '<column>' <problem>", for each malformed row of
+    the first `limit` rows (None: all); `<row>` is "line N" or "row N" (`row_names`, for the
+    file at `path` the table was read from, if any). `columns`: the prompt and answer columns."""
     rows = table.select_columns(list(columns))
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
-    messages = {}
+    problems = {}
     for index, record in enumerate(rows):
         problem = row_problem(record, columns)
         if problem:
-            messages[index] = f"{name} row {index}: {problem}"
-    return messages
+            problems[index] = problem
+    if not problems:
+        return {}
+    named = row_names(path, len(table))
+    return {index: f"{name} {named(index)}: {problem}" for index, problem in problems.items()}
 
 
 def row_problem(record: dict[str, Any], columns: tuple[str, str]) -> str | None:

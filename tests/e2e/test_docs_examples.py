@@ -1,70 +1,67 @@
-"""Every Python example in the README and docs/ runs as written: scripts with `python`, the app
-example with the `forge run` command the page gives for it."""
+"""Every block of README.md and docs/*.md marked `<!-- doc-test: run -->` runs as written
+(tests/helper_docs.py; tests/unit/test_docs.py holds every other block to a stated reason):
+```sh blocks with bash, stopping at the first command that fails; ```python scripts with
+`python`; an app (a python block whose first line names its file) through the command of its
+page that runs it.
 
-import json
-import re
-import shlex
+They run in one folder that a command takes for the checkout: the checkout's files, linked,
+but a `runs/` of its own, `apps/` with the pages' apps written beside the shipped ones, and
+`.venv` the venv these tests run in, its `bin` first on PATH, as an activated venv puts it. So
+the commands need no rewriting, and pages that repeat a run command share its one run: the
+first runs it, the others find it finished.
+"""
+
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helper_docs import PAGES, Block, blocks
 from helper_runs import ROOT
 
 pytestmark = pytest.mark.integration
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"```(python|sh)\n(.*?)```", re.S)
+RUNNABLE = [b for page in PAGES for b in blocks(page) if b.runs and b.app_path is None]
+# Not in the checkout's folder: the run folders the commands write, the apps the pages write.
+OWN = ("runs", "apps", ".venv")
 
 
-def blocks(page: Path) -> list[tuple[str, str]]:
-    return BLOCK.findall(page.read_text())
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("checkout")
+    for entry in ROOT.iterdir():
+        if entry.name not in OWN:
+            (folder / entry.name).symlink_to(entry)
+    (folder / "apps").mkdir()
+    for app in (ROOT / "apps").iterdir():
+        (folder / "apps" / app.name).symlink_to(app)
+    (folder / ".venv").symlink_to(sys.prefix)
+    return folder
 
 
-EXAMPLES = [
-    pytest.param(page, code, id=f"{page.name}-{i}")
-    for page in PAGES
-    for i, (lang, code) in enumerate(blocks(page))
-    if lang == "python"
-]
-
-
-def test_every_python_example_is_complete():
-    """A script (ends in asyncio.run) or an app (defines main(cfg)): nothing left to fill in."""
-    assert EXAMPLES
-    for param in EXAMPLES:
-        page, code = param.values
-        assert "asyncio.run(main())" in code or "def main(cfg" in code, page
-        assert "..." not in code, page
-
-
-@pytest.mark.parametrize(("page", "code"), EXAMPLES)
-def test_example_runs_as_written(page, code, tmp_path):
-    if "def main(cfg" in code:
-        _run_app(page, code, tmp_path)
-        return
-    script = tmp_path / "example.py"
-    script.write_text(code)
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda block: block.name)
+def test_block_runs_as_written(block: Block, checkout: Path, tmp_path: Path) -> None:
+    if block.lang == "sh":
+        for app in blocks(block.page):
+            if app.runs and app.app_path is not None:
+                (checkout / app.app_path).parent.mkdir(parents=True, exist_ok=True)
+                (checkout / app.app_path).write_text(app.code)
+        command = ["bash", "-e", "-o", "pipefail", "-c", block.code]
+    else:
+        script = tmp_path / "example.py"
+        script.write_text(block.code)
+        command = [sys.executable, str(script)]
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ["PATH"]])}
     out = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600
+        command, cwd=checkout, env=env, capture_output=True, text=True, timeout=600
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip(), "the example prints what it shows"
+    assert out.returncode == 0, _failure(out, checkout)
+    assert out.stdout.strip(), "it prints what the page shows"
 
 
-def _run_app(page: Path, code: str, tmp_path: Path) -> None:
-    """The app's file is the path the page names in `# <path>`; the command is the page's."""
-    path = code.splitlines()[0].removeprefix("# ").strip()
-    command = next(c for lang, c in blocks(page) if lang == "sh" and path in c).strip()
-    app = tmp_path / path
-    app.parent.mkdir(parents=True)
-    app.write_text(code)
-    argv = shlex.split(command.replace(path, str(app)))
-    assert argv[:2] == ["forge", "run"], command
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "forge", *argv[1:], f"run_dir={run_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    log = run_dir / "forge.log"
-    assert out.returncode == 0, (log.read_text() if log.exists() else out.stderr)[-3000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps] == [1, 2]
+def _failure(out: subprocess.CompletedProcess, checkout: Path) -> str:
+    """The command's output, and the end of each run's log: where a failed run says why."""
+    logs = [f"--- {log}\n{log.read_text()[-2000:]}" for log in checkout.glob("runs/*/forge.log")]
+    return "\n".join([out.stdout[-2000:], out.stderr[-3000:], *logs])

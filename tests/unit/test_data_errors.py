@@ -46,7 +46,7 @@ CASES = {
     ),
     "row without an answer": (
         bad_rows,
-        "row 1: column 'answer' is null; data.on_bad_row: skip skips them",
+        "rows.jsonl line 2: column 'answer' is null; data.on_bad_row: skip skips them",
     ),
     "unknown reward module": (
         lambda tmp: f"reward.functions=[{MINE}, their_rewards:score]",

@@ -161,12 +161,12 @@ def test_missing_column_names_the_column(tmp_path):
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ({"q": None, "a": 3}, "row 2: column 'q' is null"),
-        ({"q": "  ", "a": 3}, "row 2: column 'q' is an empty string"),
-        ({"q": "x", "a": ""}, "row 2: column 'a' is an empty string"),
-        ({"q": "x", "a": [3]}, "row 2: column 'a' is a list \\('\\[3\\]'\\), expected a string"),
-        ({"q": [{"role": "user"}], "a": 3}, "row 2: column 'q' is a list but not chat messages"),
-        ({"q": "x"}, "row 2: column 'a' is null"),  # a key absent from one row reads as null
+        ({"q": None, "a": 3}, "line 3: column 'q' is null"),
+        ({"q": "  ", "a": 3}, "line 3: column 'q' is an empty string"),
+        ({"q": "x", "a": ""}, "line 3: column 'a' is an empty string"),
+        ({"q": "x", "a": [3]}, "line 3: column 'a' is a list \\('\\[3\\]'\\), expected a string"),
+        ({"q": [{"role": "user"}], "a": 3}, "line 3: column 'q' is a list but not chat messages"),
+        ({"q": "x"}, "line 3: column 'a' is null"),  # a key absent from one row reads as null
     ],
 )
 def test_malformed_row_names_row_and_column(tmp_path, bad, message):
@@ -179,8 +179,25 @@ def test_malformed_row_names_row_and_column(tmp_path, bad, message):
 def test_invalid_json_names_the_line(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"q": "x", "a": 1}\n\n{"q": "y", "a": \n')
-    with pytest.raises(DatasetError, match="line 3 \\(row 1\\): not valid JSON"):
+    with pytest.raises(DatasetError, match="broken.jsonl line 3: not valid JSON"):
         local(tmp_path, str(path), prompt_column="q", answer_column="a")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        # Blank lines count, as in an editor.
+        ("rows.jsonl", '{"q": "x", "a": 1}\n\n{"q": "y", "a": 2}\n{"q": "z"}\n', "line 4"),
+        # Line 1 is the header; a quoted field spans lines 2 and 3.
+        ("rows.csv", 'q,a\n"two\nlines",1\ny,2\nz,\n', "line 5"),
+        # An array's rows are not lines: the third row.
+        ("rows.json", '[{"q": "x", "a": 1},\n {"q": "y", "a": 2},\n {"q": "z"}]', "row 3"),
+    ],
+)
+def test_a_malformed_row_is_named_as_an_editor_shows_it(tmp_path, name, text, where):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DatasetError, match=f"/{name} {where}: column 'a' is null; data.on_bad"):
+        local(tmp_path, str(tmp_path / name), prompt_column="q", answer_column="a")
 
 
 def test_skip_policy_counts_and_leaves_out_bad_rows(tmp_path, caplog):
@@ -249,7 +266,8 @@ def test_held_out_rows_are_never_in_the_training_order(tmp_path, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_format_refuses_or_skips_a_row_without_an_answer(tmp_path, kind):
     path = save_as(tmp_path, ROWS[:3] + [{"q": "What is 1 + 1?", "a": None, "level": 0}], kind)
-    with pytest.raises(DatasetError, match="row 3: column 'a' is null; data.on_bad_row: skip"):
+    row = "line 4" if kind == "jsonl" else "row 4"  # the fourth row, as an editor counts
+    with pytest.raises(DatasetError, match=f"{row}: column 'a' is null; data.on_bad_row: skip"):
         local(tmp_path, path, prompt_column="q", answer_column="a")
     dataset = local(tmp_path, path, prompt_column="q", answer_column="a", on_bad_row="skip")
     assert list(dataset.skipped) == [3] and len(dataset) == 3

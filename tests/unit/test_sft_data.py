@@ -79,7 +79,7 @@ def test_episode_collates_to_a_loss_mask_on_the_answer_tokens(tokenizer):
 def test_a_row_without_an_answer_is_a_one_line_error(tokenizer, answer, problem):
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "answer": answer}
     row |= {"task": "sums", "index": 7}
-    with pytest.raises(DatasetError, match=f"^sums row 7: {problem}; SFT needs") as raised:
+    with pytest.raises(DatasetError, match=f"^sums row 8: {problem}; SFT needs") as raised:
         tokenize_row(row, tokenizer, SFTTarget())
     assert "\n" not in str(raised.value)
 
@@ -115,7 +115,7 @@ def test_target_column_is_the_target_as_it_is(tmp_path, tokenizer):
     records = RECORDS[:1] + [{**RECORDS[1], "solution": ""}]
     examples = SFTExamples(local_rows(tmp_path, records), target, tokenizer)
     next(examples)
-    with pytest.raises(DatasetError, match="^sums row 1: column 'solution' is empty"):
+    with pytest.raises(DatasetError, match="^sums row 2: column 'solution' is empty"):
         next(examples)
 
 
