@@ -93,7 +93,7 @@ class TrainerLifecycle:
         """Checkpoints `step` if one is due (or `final`): the driver's state, then the trainer's.
 
         The trainer's write goes on in the background (checkpoint.async_save) except at the
-        end; `checkpoint/blocked_s` is what it cost the loop.
+        end; `checkpoint/blocked_s` is what a periodic one cost the loop.
         """
         ckpt = self.cfg.trainer.checkpoint
         if ckpt.folder is None or not (final or (ckpt.interval and step % ckpt.interval == 0)):
@@ -105,7 +105,8 @@ class TrainerLifecycle:
         else:
             await self.handle.save_checkpoint(background=False if final else None)
         self.checkpointed = step
-        record_metric("checkpoint/blocked_s", time.perf_counter() - start)
+        if not final:  # the final one comes after the last step's row: nothing would log it
+            record_metric("checkpoint/blocked_s", time.perf_counter() - start)
 
     async def restart(self, error: TrainerDied, died_at: int) -> int:
         """Respawns the dead trainer from its newest checkpoint; returns that checkpoint's step

@@ -1,7 +1,8 @@
 """Every app's tiny config resumes as shipped (no checkpoint key in its yaml): killed, the same
 command, asked for one more step, resumes from the checkpoint and takes each step once;
 finished, it says so. GRPO's tiny config is tests/e2e/test_resume.py's, which also checks that
-a resumed run is exact and that `steps=` continues a finished run."""
+a resumed run is exact; a larger `steps=` continuing a finished run is the same resume from the
+newest checkpoint (tests/unit/test_run_folder.py)."""
 
 import os
 import signal
