@@ -64,6 +64,7 @@ class Generator(ForgeActor):
         sync = self.weight_sync
         self.engine = start_engine(self.cfg, sync, path, stat_loggers=[self._stats.factory])
         await self.engine.collective_rpc("forge_die_with_parent")
+        await self.engine.collective_rpc("forge_exit_promptly")
         shapes, adapter = checkpoint_shapes(path), None
         if (lora := sync.served_adapter()) is not None:  # versions are adapters for this model
             shapes = peft_shapes(lora, shapes)

@@ -103,6 +103,7 @@ class VLLMScorer:
         self.engine = AsyncLLM.from_engine_args(args)
         # The engine core is its own process: make it end with ours, even on SIGKILL.
         await self.engine.collective_rpc("forge_die_with_parent")
+        await self.engine.collective_rpc("forge_exit_promptly")
 
     async def logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """For each (prompt ids, completion ids): log p(token | everything before it) of every
