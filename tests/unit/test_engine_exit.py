@@ -1,15 +1,16 @@
-"""An engine process that skips the interpreter's teardown (`forge_exit_promptly`) still runs
-every atexit handler, in order, and loses nothing it printed."""
+"""An engine process that skips the interpreter's teardown
+(`vllm_compat.exit_without_teardown`) still runs every atexit handler, in order, and loses
+nothing it printed."""
 
 import subprocess
 import sys
 
 SCRIPT = """
 import atexit, ctypes, sys
-from forge.actors.vllm.worker import WeightLoader
+from forge.actors.vllm.vllm_compat import exit_without_teardown
 
 atexit.register(print, "registered first, runs last")
-WeightLoader().forge_exit_promptly()
+exit_without_teardown()
 atexit.register(print, "registered last, runs first")
 sys.stdout.write("buffered in Python\\n")
 ctypes.CDLL(None).printf(b"buffered in C\\n")

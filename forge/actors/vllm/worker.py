@@ -5,19 +5,16 @@ itself: tensors never cross a process boundary through vLLM's serialisation, and
 verifies are the bytes it loads.
 """
 
-import atexit
 import ctypes
 import os
 import signal
-import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from forge.actors.vllm import staged_weights
+from forge.actors.vllm import staged_weights, vllm_compat
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version
@@ -38,18 +35,9 @@ class WeightLoader:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def forge_exit_promptly(self) -> None:
-        """Makes this engine process skip the interpreter's teardown when it exits.
-
-        vLLM 0.32 stops its engine process with SIGTERM and SIGKILLs it when a short grace
-        period ends. The engine's own clean-up fits in it; on CPU the teardown Python does
-        after it (every module cleared, the heap of torch, transformers and vLLM
-        garbage-collected) does not: left to it, every stop waits out the grace and ends in a
-        SIGKILL. Freezing the heap instead, as vLLM does on ROCm, would have triton's nanobind
-        report everything still alive as leaked.
-        """
-        # Registered as the process exits (CPython runs threading's exit hooks before atexit's),
-        # it is the last atexit handler registered: the first to run, before any other has.
-        threading._register_atexit(atexit.register, _exit_after_handlers)
+        """Makes this engine process skip the interpreter's teardown when it exits, so that a
+        stop does not wait out vLLM's grace period and end in a SIGKILL (`vllm_compat`)."""
+        vllm_compat.exit_without_teardown()
 
     def forge_load_packed(self, path: str, manifest_json: str) -> dict[str, Any]:
         """Verifies the packed version file at `path` (pinned by the generator) and loads it,
@@ -146,19 +134,6 @@ class WeightLoader:
     def forge_checksum(self, name: str) -> str:
         """The manifest checksum of parameter `name` as this engine holds it."""
         return checksum(self.model_runner.get_model().get_parameter(name).detach().cpu())
-
-
-def _exit_after_handlers() -> None:
-    """Runs the other atexit handlers, in their order, flushes what was printed, and ends the
-    process with status 0, which vLLM's AsyncLLM does not read once its engine has started: it
-    learns of a dead engine through its sockets."""
-    atexit.unregister(_exit_after_handlers)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # C and C++ code's buffered output
-    os._exit(0)
 
 
 def retie_lm_head(model: torch.nn.Module) -> None:
