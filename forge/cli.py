@@ -6,7 +6,7 @@
     forge clean
     forge replay RUN_DIR (--step N | --all) [--verbose] [key=value ...]
     forge plan APP_PATH --config FILE [--hosts N] [--gpus-per-host G] [--cpus-per-host C]
-               [key=value ...]
+               [--recalibrate] [key=value ...]
     forge config show APP_PATH --config FILE [--key KEY] [key=value ...]
     forge --version
 
@@ -34,7 +34,9 @@ itself failed (a trainer died).
 
 `forge plan` prints where every proc mesh of the run would go (hosts, GPUs, cores; see
 forge/loop/plan.py), on the config's cluster or the shape given, and refuses an impossible
-config with one line, as `forge run` does before starting anything.
+config with one line, as `forge run` does before starting anything. `--recalibrate` drops the
+phase costs cached on this machine for the config's workload: its next `placement: auto` run
+measures them again.
 
 `forge config show` loads the config as `forge run` does and prints each setting on a line: its
 dotted key, value, default and meaning (forge/config_fields.py); `--key trainer.optimizer`
@@ -265,7 +267,7 @@ def _add_plan(commands: Any) -> None:
     plan = commands.add_parser(
         "plan",
         usage="forge plan APP_PATH --config FILE [--hosts N] [--gpus-per-host G] "
-        "[--cpus-per-host C] [key=value ...]",
+        "[--cpus-per-host C] [--recalibrate] [key=value ...]",
         help="print where every proc mesh of a run would go, or why it cannot",
         description="Load the config and place every proc mesh of the run on the cluster "
         "(the config's provisioner, or the shape the options give) as the run will.",
@@ -274,6 +276,11 @@ def _add_plan(commands: Any) -> None:
     _add_app_arguments(plan)
     for flag, what in (("hosts", "hosts"), ("gpus-per-host", "GPUs"), ("cpus-per-host", "cores")):
         plan.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} (else the config's)")
+    plan.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="drop the phase costs cached here for this workload: the next auto run measures",
+    )
     plan.set_defaults(command=_plan)
 
 
@@ -289,7 +296,10 @@ def _plan(args: argparse.Namespace, overrides: list[str]) -> None:
     )
     plan = plan_run(cfg, shape)
     print(plan.table())
-    if hasattr(cfg, "buffer") and (cores := _pipeline_cores(plan)):
+    cores = _pipeline_cores(plan) if hasattr(cfg, "buffer") else 0
+    if args.recalibrate:
+        print(_recalibrate(cfg, cores))
+    if cores:
         print(_predictions(cfg, plan, cores))
 
 
@@ -309,7 +319,7 @@ def _predictions(cfg: Any, plan: Any, cores: int) -> str:
     placement the run takes starred."""
     from forge.loop.config import overlaps
     from forge.placement import calibration
-    from forge.placement.cost_model import fastest, predict, table
+    from forge.placement.cost_model import decide, predict, table
     from forge.placement.placer import choose
 
     costs = calibration.load(calibration.cache_key(cfg.workload(), cores))
@@ -317,16 +327,31 @@ def _predictions(cfg: Any, plan: Any, cores: int) -> str:
         return "pipeline model: not calibrated on this machine for this workload yet"
     age = cfg.buffer.max_policy_age
     options = predict(costs, cores, overlaps(cfg.mode, age), age, cfg.trainer.exact_mismatch)
-    chosen, best = choose(plan, options), fastest(options)
+    chosen, decision = choose(plan, options, costs.spread), decide(options, costs.spread)
+    best = decision.chosen
     if plan.auto:
-        moved = "" if best.colocated else f" (the run starts {plan.placement}, then moves)"
-        taken = f"placement auto takes {best.label}, predicted fastest{moved}"
+        moved = "" if best.colocated else f"; the run starts {plan.placement}, then moves"
+        taken = f"placement auto takes {decision.line()}{moved}"
     elif chosen is None:
         taken = f"placement {plan.placement}: its cores are not among the options the costs cover"
     else:
         faster = "" if chosen == best else f"; {best.label} is predicted faster (placement auto)"
         taken = f"placement {chosen.label}{faster}"
     return f"pipeline model (calibration cached here): {taken}\n{table(options, chosen)}"
+
+
+def _recalibrate(cfg: Any, cores: int) -> str:
+    """Drops the phase costs cached for an RL config's workload on `cores` CPU cores (0: its
+    placement is not calibrated), and says so in one line."""
+    from forge.placement import calibration
+
+    if not cores:
+        return "recalibrate: nothing to drop: this config's placement is not calibrated"
+    key = calibration.cache_key(cfg.workload(), cores)
+    if calibration.load(key) is None:
+        return "recalibrate: nothing cached here for this workload; the next auto run measures"
+    calibration.forget(key)
+    return "recalibrate: the cached phase costs are dropped; the next auto run measures them"
 
 
 def _add_config(commands: Any) -> None:

@@ -28,6 +28,7 @@ from forge.loop.startup import RunParts
 from forge.loop.trainer_handle import TrainerDied
 from forge.observability import Reduce, record_metric
 from forge.observability.console import say
+from forge.placement import load
 from forge.placement.calibration import Workload
 
 MAX_FAILURES_IN_A_ROW = 10
@@ -65,8 +66,9 @@ class RLLoop(Run):
 
     async def fit_placement(self) -> None:
         """The placer predicts the placement's cost on this machine and, under
-        `placement: auto`, moves generator and trainer onto the fastest (`Placer.fit`);
-        calibration runs this run's own rollouts, training passes and weight syncs."""
+        `placement: auto`, moves generator and trainer onto the one it chooses (`Placer.fit`);
+        calibration runs this run's own rollouts, training passes and weight syncs, and reads
+        the machine's load around them where the run's processes are this one's children."""
         cfg = self.cfg
         work = Workload(
             rollouts=self._calibration_rollouts,
@@ -74,6 +76,7 @@ class RLLoop(Run):
             sync_away=lambda: self.sync.away(self.version + 1),
             sync_back=lambda: self.sync.sync(self.version),
             forget_records=self.logs.discard,
+            read_load=None if cfg.provisioner.host_launcher().spans_nodes else load.read,
         )
         age = cfg.buffer.max_policy_age
         await self.placer.fit(

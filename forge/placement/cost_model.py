@@ -14,12 +14,20 @@ training on it (then moving the generators to the new weights). With `cores` dev
   a batch one version old.
 
 G, T and X come from `calibration.py`, measured at each core count on this machine; S is the
-weight sync. Plain code, unit-tested on made-up costs.
+weight sync. `placement: auto` takes a split only where it is predicted faster than colocated
+by more than the spread of the measurements (`decide`). Plain code, unit-tested on made-up
+costs.
 """
 
 from dataclasses import dataclass
 
 from forge.placement.plan import Layout
+
+# The least spread a margin must clear: two timings of one phase on a quiet machine differ by
+# a few percent, and the model leaves out what the split's overlapping phases cost each other
+# (memory bandwidth, caches), so a narrower margin is not told from noise even where the
+# repeated measurements happened to agree.
+MIN_SPREAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -31,12 +39,16 @@ class PhaseCosts:
         train_s: one training step on a batch of the current weights.
         stale_s: what the trainer's exact mismatch pass adds on a batch one version old.
         sync_s: publishing a weight version and moving the generator to it.
+        spread: how far apart repeated measurements of one phase on one core count came: the
+            largest (slowest - fastest) / fastest of generation and training; 0 where none
+            was repeated.
     """
 
     generate_s: dict[int, float]
     train_s: dict[int, float]
     stale_s: dict[int, float]
     sync_s: float
+    spread: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,9 +103,74 @@ def predict(
     return predictions
 
 
-def fastest(predictions: list[Prediction]) -> Prediction:
-    """The placement predicted fastest; colocated wins a tie (no staleness)."""
-    return min(predictions, key=lambda p: (p.seconds_per_step, not p.colocated))
+@dataclass(frozen=True)
+class Decision:
+    """Colocated against the fastest split: the choice `placement: auto` makes.
+
+    Args:
+        colocated: colocated's prediction.
+        split: the fastest split's (the first of equals); None where the costs cover none.
+        spread: the measurements' relative spread (`PhaseCosts.spread`), at least MIN_SPREAD.
+    """
+
+    colocated: Prediction
+    split: Prediction | None
+    spread: float
+
+    @property
+    def spread_s(self) -> float:
+        """The spread in seconds per step, of the slower candidate's step."""
+        slower = max(self.colocated.seconds_per_step, self.split.seconds_per_step)
+        return self.spread * slower if self.split is not None else 0.0
+
+    @property
+    def margin_s(self) -> float:
+        """How much faster the split is predicted than colocated (negative: slower)."""
+        if self.split is None:
+            return 0.0
+        return self.colocated.seconds_per_step - self.split.seconds_per_step
+
+    @property
+    def chosen(self) -> Prediction:
+        """The split where it is predicted faster by more than the spread; else colocated,
+        the simpler placement (no staleness, one phase at a time)."""
+        if self.split is not None and self.margin_s > self.spread_s:
+            return self.split
+        return self.colocated
+
+    @property
+    def runner_up(self) -> Prediction | None:
+        """The candidate not chosen; None where there is no split."""
+        return self.colocated if self.chosen is self.split else self.split
+
+    @property
+    def close(self) -> bool:
+        """Whether the candidates are predicted within the spread of each other."""
+        return self.split is not None and abs(self.margin_s) <= self.spread_s
+
+    def line(self) -> str:
+        """The choice, the margin between the candidates and the spread of the measurements:
+        `split 1+1: margin 3.1 s/step over colocated, spread 0.6 s/step (5%)`."""
+        if self.split is None:
+            return "colocated: no split of one core"
+        spread = f"{self.spread_s:.1f} s/step ({self.spread:.0%})"
+        if self.close and self.margin_s > 0:
+            return (
+                f"colocated: {self.split.label} is faster by a margin of {self.margin_s:.1f} "
+                f"s/step, inside the spread of {spread}: the simpler placement wins"
+            )
+        chosen, other = self.chosen, self.runner_up
+        return (
+            f"{chosen.label}: margin {abs(self.margin_s):.1f} s/step over {other.label}, "
+            f"spread {spread}"
+        )
+
+
+def decide(predictions: list[Prediction], spread: float) -> Decision:
+    """Colocated (`predictions[0]`) against the fastest split, the measurements' relative
+    `spread` floored at MIN_SPREAD."""
+    split = min(predictions[1:], key=lambda p: p.seconds_per_step, default=None)
+    return Decision(predictions[0], split, max(spread, MIN_SPREAD))
 
 
 def table(predictions: list[Prediction], chosen: Prediction) -> str:

@@ -1,5 +1,6 @@
 """The calibration cache and the core counts it measures (forge/placement/calibration.py); the
-measurement itself runs in tests/e2e/test_colocated.py."""
+measurement on a simulated machine is tests/unit/test_calibration_noise.py's, on the run's own
+processes tests/e2e/test_colocated.py's."""
 
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def test_core_counts_cover_both_sides_of_every_split_considered():
 
 def test_costs_round_trip_through_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(calibration, "cache_path", lambda: tmp_path / "c" / "calibration.json")
-    costs = PhaseCosts({1: 10.0, 2: 6.5}, {1: 60.0, 2: 33.0}, {1: 2.0, 2: 1.0}, 0.9)
+    costs = PhaseCosts({1: 10.0, 2: 6.5}, {1: 60.0, 2: 33.0}, {1: 2.0, 2: 1.0}, 0.9, 0.07)
     assert calibration.load("k") is None
     calibration.save("k", costs)
     calibration.save("other", PhaseCosts({1: 1.0}, {1: 1.0}, {1: 0.0}, 0.0))
