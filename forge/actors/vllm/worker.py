@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from forge.actors.vllm import staged_weights
+from forge.observability.startup import process_started
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version
@@ -33,6 +34,10 @@ class WeightLoader:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
         if os.getppid() == 1:  # the parent died before the call above
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def forge_process_started(self) -> float:
+        """When this worker's process started, wall-clock (the run's start-up log)."""
+        return process_started()
 
     def forge_load_packed(self, path: str, manifest_json: str) -> dict[str, Any]:
         """Verifies the packed version file at `path` (pinned by the generator) and loads it,
