@@ -43,6 +43,7 @@ BENCHES = [
     ("before_after", "python bench/before_after.py", "before_after"),
     ("precision", "python bench/precision.py", "precision"),
     ("single_process", "python bench/single_process.py", "single_process"),
+    ("startup", "python bench/startup.py", "startup"),
     ("distill_throughput", "python bench/distill_throughput.py", "distill_throughput"),
     ("environments", "python bench/environments.py", "environments"),
     ("episode_rollouts", "python bench/episode_rollouts.py", "episode_rollouts"),

@@ -20,6 +20,7 @@ from monarch.actor import Actor, ProcMesh, endpoint
 from forge.controller.provisioner import ProcessConfig, get_provisioner
 from forge.controller.service import Service, ServiceConfig
 from forge.observability.metrics import Accumulator, drain_local
+from forge.observability.startup import booted, phase
 from forge.placement.cores import apply_forge_cpus, move_to_cores, process_cores
 
 
@@ -34,6 +35,7 @@ class ForgeActor(Actor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         apply_forge_cpus()
         super().__init__(*args, **kwargs)
+        booted(type(self).__name__)
 
     @endpoint
     async def setup(self) -> None:
@@ -120,10 +122,13 @@ class ActorOptions:
         """Starts processes, spawns the actor on every one and awaits its `setup`."""
         provisioner = get_provisioner()
         name = self.process.mesh_name or self.actor_cls.__name__
-        mesh = await provisioner.spawn_procs(replace(self.process, mesh_name=name))
+        role = self.actor_cls.__name__
+        with phase(role, "spawn processes"):
+            mesh = await provisioner.spawn_procs(replace(self.process, mesh_name=name))
         try:
-            actor = mesh.spawn(name, self.actor_cls, *args, **kwargs)
-            await actor.setup.call()
+            with phase(role, "spawn and setup"):  # the processes' boot, then `setup`
+                actor = mesh.spawn(name, self.actor_cls, *args, **kwargs)
+                await actor.setup.call()
         except BaseException:
             await provisioner.stop_procs(mesh)
             raise

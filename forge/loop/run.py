@@ -24,6 +24,7 @@ from forge.loop.startup import RunParts, open_data, start_parts
 from forge.loop.trainer_handle import TrainerDied, TrainerHandle
 from forge.observability import record_metric
 from forge.observability.console import say
+from forge.observability.startup import phase
 
 
 class Run:
@@ -82,7 +83,8 @@ class Run:
             await self.load_state_dict(self.folder.load_driver_state(self.resumed) or {})
             if self.sync is not None:
                 await self.sync.sync(self.version)
-        await self.fit_placement()
+        with phase("controller", "placement fit"):  # calibration, unless cached
+            await self.fit_placement()
         say(self.placer.line())
         if self.evaluator is not None and not self.resumed:
             self.evaluator.start(0, self.version)  # the starting point, to compare against

@@ -8,6 +8,7 @@ started, in reverse order, however far the start got.
 import asyncio
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
@@ -33,6 +34,8 @@ from forge.loop.trainer_handle import TrainerHandle
 from forge.loop.trainer_lifecycle import TrainerLifecycle
 from forge.models import load_tokenizer
 from forge.observability.console import say
+from forge.observability.startup import ENV as STARTUP_LOG
+from forge.observability.startup import phase, process_started, record
 from forge.placement.placer import Placer
 from forge.placement.plan import GROUP, Plan
 from forge.weights.shm_folders import claim_for_run
@@ -75,20 +78,25 @@ async def start_parts(
     """
     check_available(cfg)  # `forge run` checked it; a notebook's Run.start(cfg) had not
     plan = plan_run(cfg)
+    opening = time.time()
     data, held_out = open_data(cfg)
     run_dir = Path(cfg.run_dir)
     folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
     resumed = folder.open(cfg, cfg.resume)
     folder.rewind(resumed)
     started = time.perf_counter()
+    _open_startup_log(run_dir, opening)
+    record("controller", "data", opening, time.time())
     say(_summary(name, cfg, data, held_out) + (f" | resuming at step {resumed}" if resumed else ""))
-    transport = await _start_provisioner(cfg, plan, exits)
+    with phase("controller", "provisioner"):
+        transport = await _start_provisioner(cfg, plan, exits)
     # The episodes' chat bridge needs the generators' tokenizer: loaded while they start.
     tokenizer = None
     if cfg.generates():
         tokenizer = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, cfg.generator.model))
     placer = Placer(plan, say, run_dir / "pipeline.json")
-    actors = await spawn_roles(plan.roles)
+    with phase("controller", "spawn roles"):
+        actors = await spawn_roles(plan.roles)
     # Which hosts each role's processes landed on, for the user (and tests) to check.
     placement = [{"mesh": m, "hosts": h} for m, h in get_provisioner().placements()]
     (run_dir / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
@@ -100,7 +108,8 @@ async def start_parts(
     generator = rollouts = evaluator = sync = None
     if tokenizer is not None:
         generator = GeneratorHandle(actors["generator"], placer.turns)
-        bridge = ChatBridge(await tokenizer)
+        with phase("controller", "tokenizer wait"):
+            bridge = ChatBridge(await tokenizer)
         rollouts = _rollouts(cfg, generator, bridge, actors)
         evaluator = None if held_out is None else _evaluator(cfg, held_out, rollouts, logs)
         sync = GeneratorSync(generator, trainer, transport, placer, logs, evaluator)
@@ -109,6 +118,15 @@ async def start_parts(
         folder, placer, data, actors, trainer, logs, generator, rollouts, evaluator, sync,
         resumed, started, exits,
     )  # fmt: skip
+
+
+def _open_startup_log(run_dir: Path, opening: float) -> None:
+    """Starts run_dir/startup.jsonl afresh (a resumed run starts again) and names it to every
+    process started from here on; records the controller's boot up to `opening`."""
+    path = run_dir / "startup.jsonl"
+    path.unlink(missing_ok=True)
+    os.environ[STARTUP_LOG] = str(path)
+    record("controller", "process boot", process_started(), opening)
 
 
 def open_data(cfg: RunConfig) -> tuple[PromptDataset, EvalRows | None]:

@@ -14,6 +14,7 @@ pauses the engine only for the swap, in one of three modes (docs/architecture.md
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 from monarch.actor import endpoint
@@ -29,6 +30,7 @@ from forge.actors.vllm.engine_stats import EngineStats
 from forge.controller import ForgeActor, retry_safe
 from forge.data.completion import Completion
 from forge.models.lora import peft_shapes
+from forge.observability.startup import phase, record
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.sync_config import WeightSyncConfig
 
@@ -62,15 +64,24 @@ class Generator(ForgeActor):
 
         path = resolve_model(self.cfg.model)
         sync = self.weight_sync
+        with phase("Generator", "vllm import"):
+            import vllm.v1.engine.async_llm  # noqa: F401
+        starting = time.time()
         self.engine = start_engine(self.cfg, sync, path, stat_loggers=[self._stats.factory])
         await self.engine.collective_rpc("forge_die_with_parent")
         await self.engine.collective_rpc("forge_exit_promptly")
+        # Split where the engine core's process began: the engine's config in this process,
+        # then that process's imports, weights load, memory profile and warm-up.
+        core = min(await self.engine.collective_rpc("forge_process_started"))
+        record("Generator", "engine config", starting, core)
+        record("Generator", "engine core start", core, time.time())
         shapes, adapter = checkpoint_shapes(path), None
         if (lora := sync.served_adapter()) is not None:  # versions are adapters for this model
             shapes = peft_shapes(lora, shapes)
             adapter = AdapterSlot(lora, path, shapes)
         self.updates = WeightUpdates(self.engine, self.cfg, sync.transport, shapes, adapter)
-        await self.updates.start()
+        with phase("Generator", "weight updates start"):
+            await self.updates.start()
         self.requests = Requests(
             self.engine,
             self.engine.tokenizer,

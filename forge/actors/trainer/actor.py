@@ -28,6 +28,7 @@ from forge.actors.trainer.training import Training
 from forge.controller import ForgeActor
 from forge.controller.compute_thread import ComputeThread
 from forge.data.episode import Episode
+from forge.observability.startup import phase
 from forge.placement.cores import move_to_cores, process_cores, rank_share
 from forge.weights.sync_config import WeightSyncConfig
 
@@ -62,17 +63,21 @@ class TitanTrainer(ForgeActor):
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo")
+        with phase("TitanTrainer", "process group"):
+            dist.init_process_group("nccl" if cuda else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(self.cfg.seed + rank)
-        self.model = build_model(self.cfg, self.weight_sync.lora, rank, world, device)
-        self.training = Training(self.cfg, self.model)
+        with phase("TitanTrainer", "model build"):
+            self.model = build_model(self.cfg, self.weight_sync.lora, rank, world, device)
+            self.training = Training(self.cfg, self.model)
         t = self.training
-        self.checkpointer = Checkpointer(
-            self.cfg.checkpoint, self.model.module, t.optimizer, t.scheduler, t.guard
-        )
-        self.step = self.checkpointer.resume()
-        self.publisher = Publisher(self.weight_sync, self.model)
+        with phase("TitanTrainer", "checkpoint resume"):
+            self.checkpointer = Checkpointer(
+                self.cfg.checkpoint, self.model.module, t.optimizer, t.scheduler, t.guard
+            )
+            self.step = self.checkpointer.resume()
+        with phase("TitanTrainer", "publisher"):
+            self.publisher = Publisher(self.weight_sync, self.model)
 
     # --- training -----------------------------------------------------------------------------
 

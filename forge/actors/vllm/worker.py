@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from forge.actors.vllm import staged_weights, vllm_compat
+from forge.observability.startup import process_started
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
 from forge.weights.shm_transport import open_version
@@ -38,6 +39,10 @@ class WeightLoader:
         """Makes this engine process skip the interpreter's teardown when it exits, so that a
         stop does not wait out vLLM's grace period and end in a SIGKILL (`vllm_compat`)."""
         vllm_compat.exit_without_teardown()
+
+    def forge_process_started(self) -> float:
+        """When this worker's process started, wall-clock (the run's start-up log)."""
+        return process_started()
 
     def forge_load_packed(self, path: str, manifest_json: str) -> dict[str, Any]:
         """Verifies the packed version file at `path` (pinned by the generator) and loads it,
