@@ -7,7 +7,7 @@ cleared, the heap of torch, transformers and vLLM garbage-collected) does not: l
 every stop waits out the grace and ends in a SIGKILL. Freezing the heap instead, as vLLM does
 on ROCm, would have triton's nanobind report everything still alive as leaked.
 
-It relies on two CPython internals (3.12): `threading._register_atexit` and
+It relies on two CPython 3.11 internals: `threading._register_atexit` and
 `atexit._run_exitfuncs`.
 """
 
