@@ -113,7 +113,7 @@ def phase_seconds(run: dict) -> dict[str, float]:
     engine = run["engine"]
     if engine and "Generator: engine core start" in seconds:
         rest = seconds["Generator: engine core start"] - sum(engine.values())
-        seconds["Generator: engine core boot (spawn, imports, config)"] = rest
+        seconds["Generator: engine core boot (fork, config)"] = rest
     return {**seconds, **{f"Generator: {k}": v for k, v in engine.items()}}
 
 

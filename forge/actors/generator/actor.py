@@ -25,6 +25,7 @@ from forge.actors.generator.busy import BusySpans, Purpose
 from forge.actors.generator.config import GeneratorConfig, check_update_mode
 from forge.actors.generator.requests import Requests
 from forge.actors.generator.weight_updates import WeightUpdates
+from forge.actors.vllm import vllm_compat
 from forge.actors.vllm.engine import checkpoint_shapes, start_engine
 from forge.actors.vllm.engine_stats import EngineStats
 from forge.controller import ForgeActor, retry_safe
@@ -65,11 +66,11 @@ class Generator(ForgeActor):
         path = resolve_model(self.cfg.model)
         sync = self.weight_sync
         with phase("Generator", "vllm import"):
+            vllm_compat.preload_engine_cores()
             import vllm.v1.engine.async_llm  # noqa: F401
         starting = time.time()
         self.engine = start_engine(self.cfg, sync, path, stat_loggers=[self._stats.factory])
         await self.engine.collective_rpc("forge_die_with_parent")
-        await self.engine.collective_rpc("forge_exit_promptly")
         # Split where the engine core's process began: the engine's config in this process,
         # then that process's imports, weights load, memory profile and warm-up.
         core = min(await self.engine.collective_rpc("forge_process_started"))

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.actors.vllm import vllm_compat
+
 # The largest k `top_logprobs` serves: the engine's `max_logprobs`, fixed when it starts.
 MAX_TOP_K = 64
 
@@ -85,6 +87,7 @@ class VLLMScorer:
         # Read by vLLM when the engine starts: the worker runs inside the engine core process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        vllm_compat.preload_engine_cores()
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -103,7 +106,6 @@ class VLLMScorer:
         self.engine = AsyncLLM.from_engine_args(args)
         # The engine core is its own process: make it end with ours, even on SIGKILL.
         await self.engine.collective_rpc("forge_die_with_parent")
-        await self.engine.collective_rpc("forge_exit_promptly")
 
     async def logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """For each (prompt ids, completion ids): log p(token | everything before it) of every

@@ -1,39 +1,70 @@
-"""Workaround for vLLM 0.32's engine stop on CPU; drop it once vLLM's engine process skips the
-interpreter's teardown itself.
+"""How forge has vLLM 0.32 start its engine-core process on CPU; drop it once vLLM starts an
+engine core without importing itself again and without the interpreter's teardown.
 
-vLLM 0.32 stops its engine process with SIGTERM and SIGKILLs it when a short grace period ends.
-The engine's own clean-up fits in it; on CPU the teardown Python does after it (every module
-cleared, the heap of torch, transformers and vLLM garbage-collected) does not: left to it,
-every stop waits out the grace and ends in a SIGKILL. Freezing the heap instead, as vLLM does
-on ROCm, would have triton's nanobind report everything still alive as leaked.
+vLLM 0.32 starts its engine core with `spawn` on CPU, whatever VLLM_WORKER_MULTIPROC_METHOD
+says. The spawned process imports vLLM again, after the caller has: the longest part of a
+generator's start. And when stopped it runs the interpreter's teardown (every module cleared,
+the heap of torch, transformers and vLLM garbage-collected), which outlasts the grace vLLM gives
+it before a SIGKILL.
 
-It relies on two CPython 3.11 internals: `threading._register_atexit` and
-`atexit._run_exitfuncs`.
+Here the engine core is forked from a multiprocessing forkserver that imports vLLM while the
+caller does. The server is a single-threaded process that only imported modules, so a child
+inherits no threads, OpenMP pool or CUDA context (why vLLM will not fork its caller). The child
+runs with the environment the caller had when it started it, as a spawned one would, and ends
+with `os._exit` once its own clean-up and atexit handlers have run. It uses the internals of
+CPython 3.11's forkserver (`_forkserver._forkserver_alive_fd`).
 """
 
 import atexit
-import ctypes
+import multiprocessing.context
+import multiprocessing.forkserver
 import os
-import sys
-import threading
+
+# What an engine core's process runs: imported by the server before the first child.
+_PRELOAD = ["vllm.v1.engine.core", "forge.actors.vllm.worker"]
 
 
-def exit_without_teardown() -> None:
-    """Makes this process end, once its atexit handlers have run, without the interpreter's
-    teardown."""
-    # Registered as the process exits (CPython runs threading's exit hooks before atexit's),
-    # it is the last atexit handler registered: the first to run, before any other has.
-    threading._register_atexit(atexit.register, _exit_after_handlers)
+class EngineCoreProcess(multiprocessing.context.ForkServerProcess):
+    """A forkserver child that runs with its caller's environment of the moment it was
+    started (vLLM sets variables for its engine core just before) and runs the atexit
+    handlers a spawned process would."""
+
+    def start(self) -> None:
+        self._callers_environ = dict(os.environ)
+        super().start()
+
+    def run(self) -> None:
+        # The server ends when every holder of this descriptor has; a child holds one (to
+        # start children of its own through the server). Without closing it, the engine core
+        # would keep the server alive, and the server (its parent) the engine core, after the
+        # caller died.
+        server = multiprocessing.forkserver._forkserver
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+        # Only what differs: emptying the environment would stop setproctitle (vLLM names its
+        # engine core's process with it) finding the memory it writes the title into.
+        callers = self._callers_environ
+        for key in os.environ.keys() - callers.keys():
+            del os.environ[key]
+        os.environ.update({k: v for k, v in callers.items() if os.environ.get(k) != v})
+        try:
+            super().run()
+        finally:
+            atexit._run_exitfuncs()  # a forkserver child skips them: it ends with os._exit
 
 
-def _exit_after_handlers() -> None:
-    """Runs the other atexit handlers, in their order, flushes what was printed, and ends the
-    process with status 0, which vLLM's AsyncLLM does not read once its engine has started: it
-    learns of a dead engine through its sockets."""
-    atexit.unregister(_exit_after_handlers)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # C and C++ code's buffered output
-    os._exit(0)
+class EngineCoreContext(multiprocessing.context.ForkServerContext):
+    """The multiprocessing context vLLM starts engine cores with."""
+
+    Process = EngineCoreProcess
+
+
+def preload_engine_cores() -> None:
+    """Starts the forkserver, which imports what an engine core runs, and points vLLM at it.
+    Call before this process imports vLLM, so that the two imports overlap."""
+    context = EngineCoreContext()
+    context.set_forkserver_preload(_PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    import vllm.v1.engine.utils
+
+    vllm.v1.engine.utils.get_mp_context = lambda: context

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from forge.actors.vllm import staged_weights, vllm_compat
+from forge.actors.vllm import staged_weights
 from forge.observability.startup import process_started
 from forge.placement.cores import move_to_cores, process_cores
 from forge.weights.manifest import Manifest, WeightVersionError, checksum
@@ -34,11 +34,6 @@ class WeightLoader:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
         if os.getppid() == 1:  # the parent died before the call above
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def forge_exit_promptly(self) -> None:
-        """Makes this engine process skip the interpreter's teardown when it exits, so that a
-        stop does not wait out vLLM's grace period and end in a SIGKILL (`vllm_compat`)."""
-        vllm_compat.exit_without_teardown()
 
     def forge_process_started(self) -> float:
         """When this worker's process started, wall-clock (the run's start-up log)."""
