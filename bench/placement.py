@@ -1,15 +1,16 @@
 """Placement: each placement's seconds per step, measured, beside the planner's prediction.
 
-For each batch size (sequences per step) it runs the GRPO app in this process, four times,
-on the default CPU config: `placement: auto` first (it calibrates, into a calibration cache of
-this run's own, and picks), then colocated-sync, split-sync and split-async (each predicted
+For each batch size (sequences per step) it runs the GRPO app in this process on the default CPU
+config, in each mode (sync, then async) with each placement: `auto` first (the first calibrates,
+into a calibration cache of this run's own, and picks), then colocated and split (each predicted
 from that calibration). Seconds per step are the median of steps 2-6, from the run's elapsed
 time at each step's end (the first step also starts the pipeline; steps 2-3 still grow the
-trainer's heap, so five steps keep a slow one from deciding the comparison). It prints one
-table per batch size: measured, predicted, their ratio; whether auto is within 5% of the
-fastest placement measured; and the colocated trainer's FLOP rate (6 x parameters x tokens /
-training time, median of steps 2-6) against a matmul in the trainer's dtype on the same cores,
-measured in this process just before and just after that run (their mean).
+trainer's heap, so five steps keep a slow one from deciding the comparison). It prints one table
+per batch size: measured, predicted, their ratio; per mode, whether auto is within 5% of the
+better fixed placement measured in that mode; and the colocated trainer's FLOP rate (6 x
+parameters x tokens / training time, median of steps 2-6) against a matmul in the trainer's
+dtype on the same cores, measured in this process just before and just after that run (their
+mean).
 
     python bench/placement.py [--sizes 16 64] [--config ...] [k=v ...]
 """
@@ -37,12 +38,8 @@ from forge.placement.cost_model import Prediction
 
 APP = Path(__file__).parents[1] / "apps" / "grpo" / "main.py"
 STEPS = 6
-PLACEMENTS = {  # name: overrides
-    "auto": ["placement=auto"],
-    "colocated-sync": ["placement=colocated", "mode=sync"],
-    "split-sync": ["placement=split", "mode=sync"],
-    "split-async": ["placement=split", "mode=async"],
-}
+MODES = ("sync", "async")
+PLACEMENTS = ("auto", "colocated", "split")
 
 
 async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) -> dict:
@@ -77,14 +74,17 @@ async def size(config: str, batch: int, overrides: list[str], params: int, resul
     extra = [f"buffer.batch_size={batch}", "buffer.capacity=1024", *overrides]
     dtype = load_config(load_app(APP)[1], config, overrides).trainer.dtype
     results = {}
-    for name, placement in PLACEMENTS.items():
-        if name == "colocated-sync":
-            # This process holds the same cores the trainer will.
-            before = matmul_flops(dtype=getattr(torch, dtype))
-        results[name] = await run(config, name, [*placement, *extra])
-        if name == "colocated-sync":
-            # The machine's rate drifts: both sides.
-            matmul = (before + matmul_flops(dtype=getattr(torch, dtype))) / 2
+    for mode in MODES:
+        for placement in PLACEMENTS:
+            name = f"{placement}-{mode}"
+            if name == "colocated-sync":
+                # This process holds the same cores the trainer will.
+                before = matmul_flops(dtype=getattr(torch, dtype))
+            overrides = [f"placement={placement}", f"mode={mode}", *extra]
+            results[name] = await run(config, name, overrides)
+            if name == "colocated-sync":
+                # The machine's rate drifts: both sides.
+                matmul = (before + matmul_flops(dtype=getattr(torch, dtype))) / 2
     say(f"\n{batch} sequences per step")
     say(f"{'placement':<16}{'chosen':<12}{'measured':>10}{'predicted':>11}{'ratio':>8}")
     for name, r in results.items():
@@ -97,12 +97,15 @@ async def size(config: str, batch: int, overrides: list[str], params: int, resul
         result.figure(f"{row}: measured", measured, "s/step")
         result.figure(f"{row}: predicted", predicted, "s/step")
         result.ratio(f"{row}: measured / predicted", measured / predicted)
-    fastest = min(r["measured_s_per_step"] for n, r in results.items() if n != "auto")
-    auto = results["auto"]["measured_s_per_step"]
-    say(f"auto / fastest other: {auto / fastest:.3f} (target <= 1.05)")
-    result.ratio(
-        f"{batch} sequences: auto / fastest other placement", auto / fastest, target="<= 1.05"
-    )
+    for mode in MODES:
+        fixed = min(results[f"{p}-{mode}"]["measured_s_per_step"] for p in PLACEMENTS[1:])
+        auto = results[f"auto-{mode}"]["measured_s_per_step"]
+        say(f"{mode}: auto / better fixed placement: {auto / fixed:.3f} (target <= 1.05)")
+        result.ratio(
+            f"{batch} sequences, {mode}: auto / better fixed placement",
+            auto / fixed,
+            target="<= 1.05",
+        )
     steps = results["colocated-sync"]["metrics"][1:]
     flops = statistics.median(6 * params * s["train/tokens_per_s"] for s in steps)
     say(

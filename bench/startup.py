@@ -185,7 +185,10 @@ def main(args: argparse.Namespace) -> None:
         result.figure(f"{name}: forge time to first step", forge_s, "s", target=TARGETS.get(name))
         result.figure(f"{name}: one process time to first step", one_s, "s")
         result.ratio(
-            f"{name}: forge / one process time to first step", forge_s / one_s, target="<= 2.0"
+            f"{name}: forge / one process time to first step",
+            forge_s / one_s,
+            target="<= 2.0",
+            headline=name == "tiny_cpu",
         )
     result.write()  # first: the drawing changes a tracked file, and the result records that
     draw(medians, baselines, FOLDER / "startup.png")
