@@ -80,10 +80,14 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def _plain(value: object) -> object:
-    """A config value as plain data, for a key=value override."""
+    """A config value as plain data, for a key=value override, without the fields the config
+    derives (a section's RENAMED_KEYS that are fields), which an override may not set."""
     from dataclasses import asdict, is_dataclass
 
-    return asdict(value) if is_dataclass(value) else value
+    if not is_dataclass(value):
+        return value
+    derived = getattr(value, "RENAMED_KEYS", {})
+    return {k: v for k, v in asdict(value).items() if k not in derived}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from library_log import library_output_to_log
-from placement import PLACEMENTS, run
+from placement import run
 from result import Result
 
 from forge.observability.console import say
@@ -54,7 +54,7 @@ def figures(result: dict) -> dict[str, float]:
 async def main(args: argparse.Namespace) -> None:
     cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
     calibration.cache_path = lambda: cache  # neither reads nor drops the user's cached costs
-    placement = PLACEMENTS["colocated-sync"]
+    placement = ["placement=colocated", "mode=sync"]
     extra = [f"buffer.batch_size={args.batch}", "buffer.capacity=1024", *args.overrides]
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in DTYPES}
     for _ in range(args.rounds):
