@@ -120,8 +120,9 @@ class Decision:
     @property
     def spread_s(self) -> float:
         """The spread in seconds per step, of the slower candidate's step."""
-        slower = max(self.colocated.seconds_per_step, self.split.seconds_per_step)
-        return self.spread * slower if self.split is not None else 0.0
+        if self.split is None:
+            return 0.0
+        return self.spread * max(self.colocated.seconds_per_step, self.split.seconds_per_step)
 
     @property
     def margin_s(self) -> float:

@@ -120,3 +120,4 @@ def test_one_core_has_colocated_alone():
     decision = decide(predict(costs, 1, True, 1, exact_mismatch=False), 0.0)
     assert decision.chosen.label == "colocated" and decision.runner_up is None
     assert not decision.close and decision.line() == "colocated: no split of one core"
+    assert decision.margin_s == 0.0 and decision.spread_s == 0.0  # what pipeline.json records
