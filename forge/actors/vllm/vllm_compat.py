@@ -18,7 +18,10 @@ CPython 3.11's forkserver (`_forkserver._forkserver_alive_fd`).
 import atexit
 import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.process
 import os
+
+from forge.weights.shm_folders import ShmFolder
 
 # What an engine core's process runs: imported by the server before the first child.
 _PRELOAD = ["vllm.v1.engine.core", "forge.actors.vllm.worker"]
@@ -64,7 +67,23 @@ def preload_engine_cores() -> None:
     Call before this process imports vLLM, so that the two imports overlap."""
     context = EngineCoreContext()
     context.set_forkserver_preload(_PRELOAD)
+    _own_temp_folder()
     multiprocessing.forkserver.ensure_running()
     import vllm.v1.engine.utils
 
     vllm.v1.engine.utils.get_mp_context = lambda: context
+
+
+def _own_temp_folder() -> None:
+    """Puts multiprocessing's temp folder, which holds the forkserver's socket, in a shared
+    memory folder owned by this process.
+
+    multiprocessing removes its own (/tmp/pymp-*) only at the interpreter's exit, so a killed
+    generator left one behind; a forge folder is also removed by the next run's start or
+    `forge clean` once its owner is dead.
+    """
+    config = multiprocessing.process.current_process()._config
+    if config.get("tempdir") is None:
+        folder = ShmFolder.create(f"mp-{os.getpid()}", "multiprocessing temp (vLLM forkserver)")
+        config["tempdir"] = str(folder.path)
+        atexit.register(folder.remove)
