@@ -10,6 +10,7 @@ import pytest
 
 SLOWEST_FIRST = (
     "e2e/test_learning.py",  # ~760 s: the SmolLM2 SFT teacher, then distillation from it
+    "e2e/test_learning_agent.py",  # ~540 s: the tool-use warm start (SFT), then GRPO with it
     "e2e/test_grpo.py",  # ~600 s
     "e2e/test_notebooks.py",  # ~620 s
     "e2e/test_learning_grpo.py",  # ~580 s: SmolLM2 GRPO learning, batch-64 memory

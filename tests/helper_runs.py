@@ -139,6 +139,21 @@ def processes_with_env(driver: int, key: str, value: str) -> list[int]:
     return [p.pid for p in _descendants(driver) if p.environ().get(key) == value]
 
 
+def shm_mapped(driver: int) -> tuple[set[Path], list[psutil.Process]]:
+    """The /dev/shm paths the driver and its descendants map, and those processes: what is a
+    run's own in shared memory, taken from the running processes themselves."""
+    from forge.weights.shm_folders import SHM_ROOT
+
+    processes = [psutil.Process(driver), *psutil.Process(driver).children(recursive=True)]
+    paths = set()
+    for p in processes:
+        try:
+            paths |= {Path(m.path) for m in p.memory_maps() if m.path.startswith(f"{SHM_ROOT}/")}
+        except psutil.NoSuchProcess:
+            pass
+    return paths, processes
+
+
 def _descendants(driver: int) -> list[psutil.Process]:
     alive = []
     for p in psutil.Process(driver).children(recursive=True):

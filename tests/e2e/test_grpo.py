@@ -20,6 +20,7 @@ from helper_runs import (
     kill_one_after_3_steps,
     metrics,
     processes_of,
+    shm_mapped,
     trained,
     wait_for_metric,
     wait_for_steps,
@@ -148,7 +149,8 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
 ):
     """A generator replica is killed mid-run: it is replaced and no episode is lost. The run is
     then stopped with Ctrl-C, which writes a final checkpoint, the plots and the export, and
-    leaves no process and no weight-transport folder behind."""
+    leaves no process, no weight-transport folder and nothing its processes mapped in /dev/shm
+    behind."""
     run_dir = tmp_path / "kill"
     replicas = "generator_resources.num_replicas=2"
     proc = grpo(TINY, run_dir, VOWELS, "steps=1000", replicas)
@@ -160,6 +162,8 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
         wait_for_steps(proc, run_dir, recovered + 3)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
+        mapped, _ = shm_mapped(proc.pid)
+        assert any(run_folder(run_dir) in p.parents for p in mapped), mapped  # versions
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     finally:
@@ -169,6 +173,7 @@ def test_a_killed_generator_replica_is_replaced_no_episode_is_lost_and_ctrl_c_en
     assert (run_dir / "metrics.png").exists()
     assert (run_dir / "hf" / "model.safetensors").exists()  # the export runs on Ctrl-C too
     assert not run_folder(run_dir).exists()  # the run's weight transport
+    assert not [p for p in mapped if p.exists()]
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
     steps = metrics(run_dir)

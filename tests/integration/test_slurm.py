@@ -130,38 +130,17 @@ def _steps_logged(run_dir: Path) -> int:
 
 
 @needs_slurm
-def test_a_submitted_run_reaches_its_last_step_and_leaves_nothing_behind(tmp_path):
-    run_dir, port = tmp_path / "run", free_port()
-    job, log = submitted(submit_grpo(run_dir, port, "steps=3"), run_dir)
-    try:
-        assert log == run_dir / f"slurm-{job}.out"
-        wait_job_done(job, log)
-    finally:
-        subprocess.run(["scancel", job])
-    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
-    assert (run_dir / "hf" / "model.safetensors").exists()
-    assert latest_step(run_dir / "checkpoints") == 3
-    assert f"metrics: {run_dir / 'metrics.jsonl'}" in log.read_text()
-    # Every proc mesh ran on the job's node, through the workers the driver started there.
-    placement = json.loads((run_dir / "placement.json").read_text())
-    assert {h for mesh in placement for h in mesh["hosts"]} == {_node()}
-
-    # Submitted again, the finished run says so and its job ends at once, exit 0.
-    again, log = submitted(submit_grpo(run_dir, port, "steps=3"), run_dir)
-    try:
-        wait_job_done(again, log, timeout=60)
-    finally:
-        subprocess.run(["scancel", again])
-    assert "is finished: 3 of 3 steps taken" in log.read_text()
-    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
-
-
-@needs_slurm
-def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint(tmp_path):
+def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint_and_then_says_finished(
+    tmp_path,
+):
+    """A submitted run is cancelled after a checkpoint; the same command resumes it to its last
+    step, with its log in the run folder, the export and the final checkpoint, every proc mesh
+    on the job's node; submitted once more, it says it is finished and its job ends, exit 0."""
     run_dir, port, steps = tmp_path / "run", free_port(), 6
-    args = (f"steps={steps}", "trainer.checkpoint.interval=2", "export_hf=false")
+    args = (f"steps={steps}", "trainer.checkpoint.interval=2")
     job, log = submitted(submit_grpo(run_dir, port, *args), run_dir)
     try:
+        assert log == run_dir / f"slurm-{job}.out"
         running = lambda: job in active_jobs() or pytest.fail(f"job ended\n{tail(log)}")  # noqa: E731
         checkpointed = lambda: running() and latest_step(run_dir / "checkpoints") >= 2  # noqa: E731
         wait_until(lambda: checkpointed() and _steps_logged(run_dir) >= 3, "checkpoint", log)
@@ -183,6 +162,20 @@ def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint(tmp_path):
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
     ids = [e for r in trained(run_dir) for e in r["episodes"]]
     assert len(ids) == len(set(ids)) == steps * 8  # no episode trained twice, none lost
+    assert (run_dir / "hf" / "model.safetensors").exists()
+    assert latest_step(run_dir / "checkpoints") == steps
+    assert f"metrics: {run_dir / 'metrics.jsonl'}" in log.read_text()
+    # Every proc mesh ran on the job's node, through the workers the driver started there.
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert {h for mesh in placement for h in mesh["hosts"]} == {_node()}
+
+    finished, log = submitted(submit_grpo(run_dir, port, *args), run_dir)
+    try:
+        wait_job_done(finished, log, timeout=60)
+    finally:
+        subprocess.run(["scancel", finished])
+    assert f"is finished: {steps} of {steps} steps taken" in log.read_text()
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
 
 
 @needs_slurm
