@@ -4,9 +4,11 @@ Runs `make test`'s pytest command with `--durations=0` (CI's `FORGE_NO_SKIPS=1` 
 the output of such a run (`--log`), and records: the wall time; each tier's test time (unit,
 integration, e2e: the sum of its tests' setup, call and teardown, on whichever worker ran
 them); the SmolLM2 learning tests' share of it; how fully the workers were used (test time /
-workers x wall); the slowest files; and, for a run it started, how busy the cores were
-(/proc/stat over the run). The ratios say whether a faster suite needs less work (busy cores,
-full workers) or better packing (idle workers at the end).
+workers x wall); the slowest files; the failed tests, if any (a failed test's time is what it
+ran before failing); and, for a run it started, how busy the cores were (/proc/stat over the
+run). It exits with pytest's status once the result is written. The ratios say whether a
+faster suite needs less work (busy cores, full workers) or better packing (idle workers at the
+end).
 
     python bench/suite.py [--log OUTPUT] [-- PYTEST_ARGS ...]
 """
@@ -31,6 +33,7 @@ COMMAND = [
 ]
 DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+tests/(\w+)/([^:\s]+)")
 WALL = re.compile(r" in ([0-9.]+)s(?: \(|$)")
+FAILED = re.compile(r"(\d+) failed")
 LEARNING = "e2e/test_learning"  # the SmolLM2 learning files: test_learning*.py
 
 
@@ -41,8 +44,9 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_suite(pytest_args: list[str]) -> tuple[str, float, float]:
-    """Runs the suite, its output passed through; the output, wall seconds, busy CPU-seconds."""
+def run_suite(pytest_args: list[str]) -> tuple[str, float, float, int]:
+    """Runs the suite, its output passed through; the output, wall seconds, busy CPU-seconds
+    and pytest's exit status."""
     env = {**os.environ, "FORGE_NO_SKIPS": "1"}
     busy, start = busy_cpu_s(), time.monotonic()
     proc = subprocess.Popen(
@@ -52,9 +56,8 @@ def run_suite(pytest_args: list[str]) -> tuple[str, float, float]:
     for line in proc.stdout:
         sys.stdout.write(line)
         lines.append(line)
-    if proc.wait() != 0:
-        raise SystemExit(f"suite: the tests failed (exit {proc.returncode}); no result written")
-    return "".join(lines), time.monotonic() - start, busy_cpu_s() - busy
+    status = proc.wait()
+    return "".join(lines), time.monotonic() - start, busy_cpu_s() - busy, status
 
 
 def record(output: str, wall_s: float | None, busy_s: float | None) -> Result:
@@ -65,8 +68,10 @@ def record(output: str, wall_s: float | None, busy_s: float | None) -> Result:
             files[f"{m[2]}/{m[3]}"] += float(m[1])
     if not files:
         raise SystemExit("suite: no --durations=0 lines in the output")
+    summary = next(line for line in reversed(output.splitlines()) if WALL.search(line))
     if wall_s is None:
-        wall_s = float(WALL.findall(output)[-1])
+        wall_s = float(WALL.search(summary)[1])
+    failed = FAILED.search(summary)
     total = sum(files.values())
     tiers: Counter[str] = Counter()
     for path, seconds in files.items():
@@ -74,7 +79,8 @@ def record(output: str, wall_s: float | None, busy_s: float | None) -> Result:
     learning = sum(s for path, s in files.items() if path.startswith(LEARNING))
     result = Result("suite")
     result.figure("wall", wall_s / 60, "min", target="<= 45")
-    for tier in ("unit", "integration", "e2e", "gpu"):
+    result.figure("failed tests", int(failed[1]) if failed else 0, "tests", target="0")
+    for tier in ("unit", "integration", "e2e"):
         if tier in tiers:
             result.figure(f"{tier} tests, summed", tiers[tier] / 60, "min")
     result.figure("SmolLM2 learning tests, summed", learning / 60, "min")
@@ -96,8 +102,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.log is not None:
         record(args.log.read_text(), None, None).write()
-    else:
-        record(*run_suite(args.pytest_args)).write()
+        return
+    output, wall_s, busy_s, status = run_suite(args.pytest_args)
+    record(output, wall_s, busy_s).write()
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":

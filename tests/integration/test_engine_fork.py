@@ -1,17 +1,21 @@
 """An engine core forked from forge's forkserver (`vllm_compat.preload_engine_cores`) samples
 the same tokens, with the same logprobs, as the engine core vLLM spawns itself: the engine
-arguments a Generator starts with, seeded sampling at temperature 1, a tiny model."""
+arguments a Generator starts with, seeded sampling at temperature 1, a tiny model. The
+forkserver's socket lives in a forge shared-memory folder of the caller, gone when it ends."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from forge.weights.shm_folders import SHM_ROOT
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = """
-import asyncio, json, sys
+import asyncio, json, multiprocessing.util, sys
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.vllm import vllm_compat
@@ -39,24 +43,29 @@ if __name__ == "__main__":
     cfg = GeneratorConfig(model=str(tiny_model("llama", seed=0, init_std=0.5)), kv_cache_mb=64)
     engine = start_engine(cfg, WeightSyncConfig(), cfg.model)
     try:
-        print(json.dumps(asyncio.run(sample(engine))))
+        made = asyncio.run(sample(engine))
+        print(json.dumps({"sampled": made, "tempdir": multiprocessing.util.get_temp_dir()}))
     finally:
         engine.shutdown()
 """
 
 
-def sampled(how: str, script) -> list:
+def sampled(how: str, script) -> tuple[list, Path]:
+    """The samples, and the multiprocessing temp folder the script's process used."""
     done = subprocess.run(
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    out = json.loads(done.stdout.splitlines()[-1])
+    return out["sampled"], Path(out["tempdir"])
 
 
 def test_forked_engine_core_samples_what_a_spawned_one_does(tmp_path):
     script = tmp_path / "sample.py"
     script.write_text(SCRIPT)
-    spawned, forked = sampled("spawned", script), sampled("forked", script)
+    (spawned, _), (forked, tempdir) = sampled("spawned", script), sampled("forked", script)
+    assert tempdir.parent == SHM_ROOT and tempdir.name.startswith("forge-mp-"), tempdir
+    assert not tempdir.exists()
     assert [tokens for tokens, _ in spawned] == [tokens for tokens, _ in forked]
     assert all(len(tokens) == 24 for tokens, _ in forked)
     assert spawned == forked  # logprobs too, to the bit
