@@ -67,23 +67,26 @@ def preload_engine_cores() -> None:
     Call before this process imports vLLM, so that the two imports overlap."""
     context = EngineCoreContext()
     context.set_forkserver_preload(_PRELOAD)
-    _own_temp_folder()
+    _own_socket_folder()
     multiprocessing.forkserver.ensure_running()
     import vllm.v1.engine.utils
 
     vllm.v1.engine.utils.get_mp_context = lambda: context
 
 
-def _own_temp_folder() -> None:
-    """Puts multiprocessing's temp folder, which holds the forkserver's socket, in a shared
+def _own_socket_folder() -> None:
+    """Puts the sockets this process and its engine cores bind, the forkserver's (in
+    multiprocessing's temp folder) and vLLM's ZMQ ones (VLLM_RPC_BASE_PATH), in a shared
     memory folder owned by this process.
 
-    multiprocessing removes its own (/tmp/pymp-*) only at the interpreter's exit, so a killed
-    generator left one behind; a forge folder is also removed by the next run's start or
-    `forge clean` once its owner is dead.
+    multiprocessing removes its own folder (/tmp/pymp-*) only at the interpreter's exit, and
+    vLLM's socket files (/tmp/<uuid>) stay after an engine core that ends with `os._exit` or
+    is killed; a forge folder is also removed by the next run's start or `forge clean` once
+    its owner is dead.
     """
     config = multiprocessing.process.current_process()._config
     if config.get("tempdir") is None:
-        folder = ShmFolder.create(f"mp-{os.getpid()}", "multiprocessing temp (vLLM forkserver)")
+        folder = ShmFolder.create(f"mp-{os.getpid()}", "sockets of vLLM's processes")
         config["tempdir"] = str(folder.path)
+        os.environ["VLLM_RPC_BASE_PATH"] = str(folder.path)
         atexit.register(folder.remove)
