@@ -71,7 +71,7 @@ agent: $(STAMP)
 	$(PY) -m forge run apps/grpo/main.py --config $(AGENT) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check forge apps bench tests notebooks

@@ -1,6 +1,6 @@
 """The test suite: how long `make test` takes on this machine, and where the time goes.
 
-Runs `make test`'s pytest command with `--durations=0` (CI's `FORGE_NO_SKIPS=1` set), or reads
+Runs `make test` with `--durations=0` added (CI's `FORGE_NO_SKIPS=1` set), or reads
 the output of such a run (`--log`), and records: the wall time; each tier's test time (unit,
 integration, e2e: the sum of its tests' setup, call and teardown, on whichever worker ran
 them); the SmolLM2 learning tests' share of it; how fully the workers were used (test time /
@@ -16,6 +16,7 @@ end).
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -25,12 +26,6 @@ from pathlib import Path
 from result import ROOT, Result
 
 WORKERS = 2  # `make test`'s -n
-COMMAND = [
-    sys.executable,
-    *("-m", "pytest", "-q", "-n", str(WORKERS), "--dist", "loadfile", "--no-loadscope-reorder"),
-    "--durations=0",
-    "tests",
-]
 DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+tests/(\w+)/([^:\s]+)")
 WALL = re.compile(r" in ([0-9.]+)s(?: \(|$)")
 FAILED = re.compile(r"(\d+) failed")
@@ -49,8 +44,13 @@ def run_suite(pytest_args: list[str]) -> tuple[str, float, float, int]:
     and pytest's exit status."""
     env = {**os.environ, "FORGE_NO_SKIPS": "1"}
     busy, start = busy_cpu_s(), time.monotonic()
+    extra = shlex.join(["--durations=0", *pytest_args])  # pytest takes the last --durations
     proc = subprocess.Popen(
-        [*COMMAND, *pytest_args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        ["make", "test", f"PYTEST_ARGS={extra}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     lines = []
     for line in proc.stdout:
