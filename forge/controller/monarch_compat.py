@@ -7,27 +7,39 @@ from typing import Any
 # private bindings. Import it from `forge.controller`.
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-__all__ = ["SupervisionError", "allow_slow_acks", "stop_proc_mesh"]
+__all__ = ["SupervisionError", "stop_proc_mesh", "tolerate_starved_processes"]
 
 # Long enough for a live mesh's buffered log lines to arrive.
 LOG_FLUSH_TIMEOUT_S = 3.0
-# Monarch's wait for a message's acknowledgement, raised from its default of 30 s.
-SLOW_ACK_TIMEOUT = "120s"
+# How long a live process may go without answering Monarch before it is reported dead; the
+# defaults of torchmonarch 0.7.0 are 30 s.
+STARVED_TIMEOUT = "2m"
+# Monarch refuses a supervision watchdog shorter than its poll interval (10 s) plus the actor
+# and proc state waits (STARVED_TIMEOUT, 1 min).
+WATCHDOG_TIMEOUT = "4m"
 
 
-def allow_slow_acks() -> None:
-    """Lets a process that is alive but starved (starting on cores other processes load)
-    acknowledge a message late, instead of being reported dead.
+def tolerate_starved_processes() -> None:
+    """Lets a process that is alive but starved (starting or computing on cores that other
+    processes load) answer Monarch late, instead of being reported dead.
 
-    torchmonarch 0.7.0 reports a process whose acknowledgement takes over 30 s as crashed ("timeout
-    waiting for message from proc mesh agent ... The process likely crashed"); `forge replay`'s
-    trainer ranks, started on a busy machine, were so reported and then found alive when
-    stopped. A process that exits is still reported at once, from its exit status. Call before
-    spawning: the spawned processes take the setting with them.
+    torchmonarch 0.7.0 reports a process that does not answer a state query within 30 s
+    ("timeout waiting for message from proc mesh agent ... The process likely crashed") or
+    acknowledge a message within 30 s as failed. On a loaded machine live processes were so
+    reported: a generator importing vLLM, trainer ranks being pinned; the run then failed
+    while they were still working. A process that exits is still reported at once, from its
+    exit status; only a process that hangs, or a host that vanishes, is noticed later.
+    Called by each Provisioner before it spawns: spawned processes take the settings with them.
     """
     from monarch.config import configure
 
-    configure(message_delivery_timeout=SLOW_ACK_TIMEOUT)
+    configure(
+        message_delivery_timeout=STARVED_TIMEOUT,
+        get_actor_state_max_idle=STARVED_TIMEOUT,
+        actor_spawn_max_idle=STARVED_TIMEOUT,
+        mesh_proc_spawn_max_idle=STARVED_TIMEOUT,
+        supervision_watchdog_timeout=WATCHDOG_TIMEOUT,
+    )
 
 
 async def stop_proc_mesh(mesh: Any) -> None:

@@ -18,7 +18,7 @@ from monarch.actor import HostMesh, ProcMesh, default_bootstrap_cmd
 
 from forge.config import at_least, positive
 from forge.controller.hosts import HostLauncher, LocalLauncher, ProcessLauncher
-from forge.controller.monarch_compat import stop_proc_mesh
+from forge.controller.monarch_compat import stop_proc_mesh, tolerate_starved_processes
 from forge.controller.slurm.config import SlurmConfig
 from forge.controller.slurm.launcher import SlurmLauncher
 from forge.placement.devices import (
@@ -160,6 +160,7 @@ class Provisioner:
         self.placed = 0  # proc meshes placed so far, in the order they asked
         self._placed_more = asyncio.Condition()
         monarch.actor.unhandled_fault_hook = _log_fault
+        tolerate_starved_processes()
         self._launcher.prepare()
 
     def _start_hosts(self) -> None:

@@ -2,6 +2,8 @@
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 
 import psutil
@@ -118,6 +120,26 @@ async def test_a_mesh_stopped_twice_at_once_stops_once_and_gives_its_cores_back_
     finally:
         await shutdown()
     assert await _settled(before)
+
+
+async def test_a_process_starved_past_monarchs_default_wait_is_not_reported_dead():
+    """A live process that cannot run for longer than torchmonarch's default wait (30 s, then
+    "The process likely crashed") answers its pending call once it runs again."""
+    try:
+        actor = await Echo.options(procs=1).as_actor()
+        pid, _ = await actor.work.call_one(0)
+        os.kill(pid, signal.SIGSTOP)  # as starved as a process can be
+        try:
+            pending = asyncio.ensure_future(actor.work.call_one(1))
+            # The stimulus itself, not a wait for a condition: stalled past the default wait
+            # plus Monarch's 10 s supervision poll.
+            await asyncio.sleep(45)
+            assert not pending.done(), pending
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await pending == (pid, 1)
+    finally:
+        await shutdown()
 
 
 def test_rendezvous_ports_are_free_and_below_the_ephemeral_range():

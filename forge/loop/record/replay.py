@@ -26,7 +26,6 @@ from forge.actors.trainer.checkpointing import complete_steps, latest_step, step
 from forge.actors.trainer.config import OPTIMISATION_FIELDS
 from forge.config import ConfigError, load_config
 from forge.controller import init_provisioner, shutdown
-from forge.controller.monarch_compat import allow_slow_acks
 from forge.loop.config import RunConfig
 from forge.loop.record.batches import BatchRecord, RecordError, StepRecord
 from forge.loop.run_folder import CONFIG
@@ -196,7 +195,6 @@ class Replay:
         figure (or the parameters) differs."""
         p, checkpoints = self.steps, self.checkpoints
         say(_header(self.run_dir, p, self.what_if))
-        allow_slow_acks()
         init_provisioner(self.cfg.provisioner)
         try:
             trainer = await _spawn_trainer(self.cfg)
