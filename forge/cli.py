@@ -432,6 +432,8 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
         if made and [p.name for p in log.parent.iterdir()] == [log.name]:
             shutil.rmtree(log.parent)  # the one line says it all: leave no folder behind
         raise SystemExit(2) from None
+    except SystemExit:
+        raise  # stopped by a signal: its line is said
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         say(f"forge: run {what}: {_gist(e)} (details: {log})")
@@ -466,9 +468,19 @@ def _host_lost(error: BaseException | None) -> bool:
 
 
 def _call(app_main: Callable[[Any], Any], cfg: Any) -> None:
+    """Calls the app's main; a run stopped by SIGTERM or SIGHUP (forge.loop.stop_signals)
+    exits with status 128 + the signal's number, as a batch script expects."""
+    from forge.loop.config import RunConfig
+    from forge.loop.stop_signals import ShutdownConfig, Stopped, run_stoppable
+
     result = app_main(cfg)
     if inspect.iscoroutine(result):
-        asyncio.run(result)
+        run = cfg if isinstance(cfg, RunConfig) else None
+        grace_s = (run.shutdown if run else ShutdownConfig()).grace_s
+        try:
+            run_stoppable(result, grace_s, run.trainer.checkpoint.folder if run else None)
+        except Stopped as e:
+            raise SystemExit(128 + e.signum) from None
 
 
 def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:

@@ -22,6 +22,7 @@ SLOWEST_FIRST = (
     "integration/test_slurm.py",  # ~250 s
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
     "e2e/test_given_back.py",  # ~140 s
+    "e2e/test_stop_signals.py",  # ~80 s: two runs stopped by SIGTERM, one resumed
     "integration/test_generator_service.py",  # ~130 s
     "e2e/test_roles.py",  # ~60 s: SFT with eval off starts its trainer alone
 )

@@ -16,6 +16,7 @@ from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
 from forge.loop.record.batches import RecordConfig
 from forge.loop.run_folder import CHECKPOINTS
+from forge.loop.stop_signals import ShutdownConfig
 from forge.losses import ObjectiveName
 from forge.observability import MetricsConfig
 from forge.placement.plan import PlacementChoice
@@ -128,6 +129,8 @@ class RunConfig:
             steps are quick and never block); set: in an EnvironmentActor service of
             `num_replicas` replicas, where tool calls run; a replica that dies is respawned and
             its episodes are played again from their first turn.
+        shutdown: how the run ends when stopped with SIGTERM or SIGHUP (as after Ctrl-C,
+            within a grace period).
     """
 
     run_dir: str = "runs/forge"
@@ -151,6 +154,7 @@ class RunConfig:
     generator_resources: Resources = field(default_factory=Resources)
     trainer_resources: Resources = field(default_factory=Resources)
     env_resources: Resources | None = None
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "dataset": "renamed to data (one data section for every app: docs/data.md)"

@@ -9,6 +9,7 @@ its `__init__` takes from `parts.actors`) and, for RL, how an episode is scored.
     await run.close()              # final checkpoint, export, plot; every process stopped
 """
 
+import asyncio
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -112,8 +113,20 @@ class Run:
         self, batches: list[list[Episode]], policy_version: int | None = None
     ) -> dict[str, float]:
         """One optimizer step, `batches[r]` on data-parallel rank r (`TrainerLifecycle.train`):
-        the trainer's metrics."""
-        metrics = await self.lifecycle.train(self.version + 1, batches, policy_version)
+        the trainer's metrics.
+
+        A run stopped meanwhile (Ctrl-C, SIGTERM) waits for the step and counts it before it
+        stops: the trainer takes it whatever the caller does, and the final checkpoint must be
+        of the step the weights are at, with the driver's state of that step.
+        """
+        call = self.lifecycle.train(self.version + 1, batches, policy_version)
+        step = asyncio.ensure_future(call)
+        try:
+            metrics = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            await step
+            self.version += 1
+            raise
         self.version += 1
         return metrics
 
