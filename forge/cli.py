@@ -51,6 +51,7 @@ import importlib.util
 import inspect
 import re
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -402,14 +403,19 @@ def _clean(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def _run(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge run`: import the app, load its config, call its main."""
+    from forge.controller.slurm.submit import HOST_LOST_STATUS, requeue
+    from forge.loop.stop_signals import Stopped
+
     app_main, _, cfg = _load_app_config(args, overrides, "run", available=True)
     try:
         _run_app(args, app_main, cfg)
+    except Stopped as e:  # ended cleanly after the signal: 128 + its number, as shells report
+        if e.signum == signal.SIGUSR1:  # SLURM's time-limit warning (SlurmConfig.warning_s)
+            requeue(cfg.provisioner.slurm.max_requeues)  # inside a forge submit job
+        raise SystemExit(128 + e.signum) from None
     except Exception as e:
         if not _host_lost(e):
             raise
-        from forge.controller.slurm.submit import HOST_LOST_STATUS, requeue
-
         requeue(cfg.provisioner.slurm.max_requeues)  # inside a forge submit job
         raise SystemExit(HOST_LOST_STATUS) from e
 
@@ -417,6 +423,8 @@ def _run(args: argparse.Namespace, overrides: list[str]) -> None:
 def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any) -> None:
     """Calls the app's main; with a run folder, library output goes to its log and the
     console gets forge's lines and one line for a failure."""
+    from forge.loop.stop_signals import Stopped
+
     run_dir = getattr(cfg, "run_dir", None)
     if run_dir is None or args.verbose:
         _call(app_main, cfg)
@@ -432,8 +440,8 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
         if made and [p.name for p in log.parent.iterdir()] == [log.name]:
             shutil.rmtree(log.parent)  # the one line says it all: leave no folder behind
         raise SystemExit(2) from None
-    except SystemExit:
-        raise  # stopped by a signal: its line is said
+    except Stopped:
+        raise  # its line is said
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         say(f"forge: run {what}: {_gist(e)} (details: {log})")
@@ -468,19 +476,16 @@ def _host_lost(error: BaseException | None) -> bool:
 
 
 def _call(app_main: Callable[[Any], Any], cfg: Any) -> None:
-    """Calls the app's main; a run stopped by SIGTERM or SIGHUP (forge.loop.stop_signals)
-    exits with status 128 + the signal's number, as a batch script expects."""
+    """Calls the app's main, which a signal stops as Ctrl-C does (forge.loop.stop_signals:
+    Stopped)."""
     from forge.loop.config import RunConfig
-    from forge.loop.stop_signals import ShutdownConfig, Stopped, run_stoppable
+    from forge.loop.stop_signals import ShutdownConfig, run_stoppable
 
     result = app_main(cfg)
     if inspect.iscoroutine(result):
         run = cfg if isinstance(cfg, RunConfig) else None
         grace_s = (run.shutdown if run else ShutdownConfig()).grace_s
-        try:
-            run_stoppable(result, grace_s, run.trainer.checkpoint.folder if run else None)
-        except Stopped as e:
-            raise SystemExit(128 + e.signum) from None
+        run_stoppable(result, grace_s, run.trainer.checkpoint.folder if run else None)
 
 
 def load_app(path: Path) -> tuple[Callable[[Any], Any], type]:

@@ -1,11 +1,13 @@
 """How a run ends when a scheduler or a person stops it.
 
-SIGTERM (`kill`, `docker stop`, `systemctl stop`, SLURM at a time limit or preemption) and
-SIGHUP (a closed terminal) take the path Ctrl-C takes: the run's task is cancelled, so its
-`finally` blocks run (the step in flight is abandoned, the final checkpoint, plots and export
-are written, every process is stopped), within `shutdown.grace_s`. A second signal, or the
-grace running out, ends the run at once (`stop_now`): every process it started is killed and
-its shared memory removed. Either way the exit status is 128 + the signal's number.
+SIGTERM (`kill`, `docker stop`, `systemctl stop`, a scheduler), SIGHUP (a closed terminal) and
+SIGUSR1 (SLURM's warning before a `forge submit` job's time limit, after which the job requeues
+itself: forge.cli) take the path Ctrl-C takes: the run's task is cancelled, so its `finally`
+blocks run (generation in flight is abandoned, a training step in flight finished; the final
+checkpoint, plots and export are written; every process is stopped), within
+`shutdown.grace_s`. A second signal, or the grace running out, ends the run at once
+(`stop_now`): every process it started is killed and its shared memory removed. Either way the
+exit status is 128 + the signal's number.
 """
 
 import asyncio
@@ -24,12 +26,12 @@ from forge.actors.trainer.checkpointing import latest_step
 from forge.observability.console import say
 from forge.weights.shm_folders import PREFIX, SHM_ROOT, owner_of, remove_dead
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 @dataclass
 class ShutdownConfig:
-    """What a run does when it is stopped with SIGTERM or SIGHUP.
+    """What a run does when it is stopped with SIGTERM, SIGHUP or SIGUSR1.
 
     Args:
         grace_s: how long it may take to end as after Ctrl-C (a final checkpoint, plots and
@@ -51,7 +53,7 @@ class Stopped(Exception):
 def run_stoppable(
     main: Coroutine[Any, Any, Any], grace_s: float, checkpoints: str | None = None
 ) -> None:
-    """Runs `main` in a new event loop; SIGTERM or SIGHUP cancels it as Ctrl-C does and, once
+    """Runs `main` in a new event loop; a signal of STOP_SIGNALS cancels it as Ctrl-C does and, once
     it has ended, raises Stopped. A second signal, or `grace_s` passing first, ends this
     process at once (`stop_now`, which names the newest checkpoint in `checkpoints`)."""
     received: list[int] = []

@@ -130,41 +130,42 @@ def _steps_logged(run_dir: Path) -> int:
 
 
 @needs_slurm
-def test_a_cancelled_run_resubmitted_finishes_from_its_checkpoint_and_then_says_finished(
+def test_a_run_warned_of_its_time_limit_requeues_finishes_in_the_same_job_then_says_finished(
     tmp_path,
 ):
-    """A submitted run is cancelled after a checkpoint; the same command resumes it to its last
-    step, with its log in the run folder, the export and the final checkpoint, every proc mesh
-    on the job's node; submitted once more, it says it is finished and its job ends, exit 0."""
+    """A submitted run gets SLURM's warning of its time limit (SIGUSR1 to the batch step, as
+    `--signal=B:USR1@warning_s` has SLURM send it): it ends as after Ctrl-C, with a final
+    checkpoint, and requeues its job, which resumes from that checkpoint to the last step, with
+    its log in the run folder, the export and the final checkpoint, every proc mesh on the
+    job's node; submitted once more, it says it is finished and its job ends, exit 0."""
     run_dir, port, steps = tmp_path / "run", free_port(), 6
-    args = (f"steps={steps}", "trainer.checkpoint.interval=2")
+    args = (f"steps={steps}", "trainer.checkpoint.interval=0")  # only the warning's checkpoint
     job, log = submitted(submit_grpo(run_dir, port, *args), run_dir)
     try:
         assert log == run_dir / f"slurm-{job}.out"
         running = lambda: job in active_jobs() or pytest.fail(f"job ended\n{tail(log)}")  # noqa: E731
-        checkpointed = lambda: running() and latest_step(run_dir / "checkpoints") >= 2  # noqa: E731
-        wait_until(lambda: checkpointed() and _steps_logged(run_dir) >= 3, "checkpoint", log)
+        wait_until(lambda: running() and _steps_logged(run_dir) >= 3, "three steps", log)
         # The driver, its workers and what they started: all in the job's steps, which SLURM
         # tracks (here by process tree, proctrack/linuxproc) and signals on scancel.
         procs = job_processes(job)
         assert procs and all(_in_a_step(pid) for pid in procs), procs
+        # What SLURM does `warning_s` before the time limit; the tiny run is over long before
+        # a time limit SLURM can set (minutes, signalled up to a minute early) would come.
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+        wait_job_done(job, log)  # the same job: requeued, not submitted again
     finally:
-        subprocess.run(["scancel", job], check=True)
-    wait_until(lambda: job not in active_jobs() and not job_processes(job), "cancel", log, 60)
-
-    again, log = submitted(submit_grpo(run_dir, port, *args), run_dir)  # the same command
-    try:
-        wait_job_done(again, log)
-    finally:
-        subprocess.run(["scancel", again])
-    resumed_at = int(re.search(r"resuming at step (\d+)", log.read_text()).group(1))
-    assert 2 <= resumed_at < steps
+        subprocess.run(["scancel", job])
+    text = log.read_text()
+    assert "forge: SIGUSR1: ending the run as after Ctrl-C" in text, tail(log)
+    assert f"forge submit: job {job} requeued (1 of at most 3)" in text, tail(log)
+    resumed_at = int(re.search(r"resuming at step (\d+)", text).group(1))
+    assert 3 <= resumed_at < steps
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
     ids = [e for r in trained(run_dir) for e in r["episodes"]]
     assert len(ids) == len(set(ids)) == steps * 8  # no episode trained twice, none lost
     assert (run_dir / "hf" / "model.safetensors").exists()
     assert latest_step(run_dir / "checkpoints") == steps
-    assert f"metrics: {run_dir / 'metrics.jsonl'}" in log.read_text()
+    assert f"metrics: {run_dir / 'metrics.jsonl'}" in text
     # Every proc mesh ran on the job's node, through the workers the driver started there.
     placement = json.loads((run_dir / "placement.json").read_text())
     assert {h for mesh in placement for h in mesh["hosts"]} == {_node()}
@@ -203,6 +204,7 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(tmp_path):
         "#SBATCH --constraint=cpu",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
+        "#SBATCH --signal=B:USR1@180",
         "export FORGE_SLURM_ALLOCATION=1",
     ):
         assert line in script, (line, out.stdout)

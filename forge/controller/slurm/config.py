@@ -29,7 +29,11 @@ class SlurmConfig:
         driver_address: the address this driver listens on for its workers; None: its
             hostname's. Set it where the nodes cannot reach that one (a login node whose
             hostname names another network).
-        max_requeues: how many times a `forge submit` job requeues itself after a lost node.
+        max_requeues: how many times a `forge submit` job requeues itself, after a lost node or
+            its time limit's warning.
+        warning_s: how many seconds before the job's time limit SLURM warns the driver of a
+            `forge submit` job (SIGUSR1): the run then ends as after Ctrl-C (a final
+            checkpoint) and the job requeues itself to go on from there. None: no warning.
     """
 
     partition: str | None = None
@@ -48,7 +52,8 @@ class SlurmConfig:
     log_dir: str | None = None
     driver_address: str | None = None
     max_requeues: int = 3
+    warning_s: int | None = 180
 
     def __post_init__(self) -> None:
         at_least(self, 0, "gpus_per_node", "max_requeues")
-        at_least(self, 1, "cpus_per_task", "job_start_timeout", "port")
+        at_least(self, 1, "cpus_per_task", "job_start_timeout", "port", "warning_s")

@@ -86,6 +86,9 @@ def _directives(slurm: SlurmConfig, *, nodes: int, log: Path, workdir: Path) -> 
     # Requeued after a lost node (by the driver, or by SLURM when it was the driver's), and
     # each attempt's output kept in the one log.
     lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    if slurm.warning_s is not None:
+        # To the batch step alone (B:), which `exec`s the driver.
+        lines.append(f"#SBATCH --signal=B:USR1@{slurm.warning_s}")
     if slurm.exclusive:
         lines.append("#SBATCH --exclusive")
     for arg in slurm.extra_args:
