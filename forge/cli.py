@@ -444,7 +444,9 @@ def _run_app(args: argparse.Namespace, app_main: Callable[[Any], Any], cfg: Any)
         raise  # its line is said
     except BaseException as e:  # the traceback goes to the log; the console gets its gist
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-        say(f"forge: run {what}: {_gist(e)} (details: {log})")
+        death = _process_death(e)
+        gist = f"{death}; {_resumes(cfg)}" if death else _gist(e)
+        say(f"forge: run {what}: {gist} (details: {log})")
         raise
 
 
@@ -462,6 +464,40 @@ def _gist(error: BaseException) -> str:
         error = error.exception
     first = (str(error).splitlines() or [""])[0]
     return f"{call}{type(error).__name__}{': ' + first if first else ''}"
+
+
+def _process_death(error: BaseException | None) -> str | None:
+    """The death of an actor's process that failed a call, among the causes of `error`, in
+    words ("ReplayBuffer's process was killed by SIGKILL (in ReplayBuffer.add)"); None if a
+    call failed for another reason, or none did."""
+    from forge.controller import SupervisionError
+
+    while error is not None and not isinstance(error, SupervisionError):
+        error = error.__cause__ or error.__context__
+    text = str(error or "")
+    call = re.search(r"Endpoint call (\w+)\.(\w+)\(\) failed", text)
+    # torchmonarch 0.7's ProcStatus: Killed(sig=9), Killed(sig=9, core), Stopped(exit=1)
+    how = re.search(r"the process this actor was running on failed: (\w+)\((\w+)=(-?\d+)", text)
+    if call is None or how is None:
+        return None
+    actor, endpoint = call.groups()
+    kind, _, number = how.groups()
+    if kind == "Killed":
+        ended = f"was killed by {signal.Signals(int(number)).name}"
+    else:
+        ended = f"exited with status {number}"
+    return f"{actor}'s process {ended} (in {actor}.{endpoint})"
+
+
+def _resumes(cfg: Any) -> str:
+    """What the same command does next: resume from the newest checkpoint, or start again."""
+    from forge.actors.trainer.checkpointing import latest_step
+    from forge.loop.config import RunConfig
+
+    step = latest_step(cfg.trainer.checkpoint.folder) if isinstance(cfg, RunConfig) else 0
+    if step:
+        return f"the same command resumes the run from its checkpoint of step {step}"
+    return "the same command starts the run again (no checkpoint yet)"
 
 
 def _host_lost(error: BaseException | None) -> bool:

@@ -4,7 +4,7 @@ from typing import Any
 
 from monarch.actor import endpoint
 
-from forge.controller import ForgeActor
+from forge.controller import ForgeActor, retry_safe
 from forge.data.datasets import DataConfig, PromptDataset, open_dataset
 
 
@@ -27,6 +27,8 @@ class DatasetActor(ForgeActor):
         self.dataset: PromptDataset = open_dataset(self.cfg, self.hold_out)
 
     @endpoint
+    @retry_safe
     async def nth(self, n: int) -> dict[str, Any]:
-        """Row n of the iteration: the same row for the same n, whatever the call order."""
+        """Row n of the iteration: the same row for the same n, whatever the call order (so a
+        call is retried on a respawned actor)."""
         return self.dataset.nth(n)

@@ -255,7 +255,8 @@ class RLConfig(RunConfig):
         return [
             *super().roles(),
             Role("buffer", ReplayBuffer, (self.buffer,)),
-            Role("dataset", DatasetActor, (self.data, self.eval.hold_out())),
+            # A service of one replica: a dead one is respawned, and `nth` retried on it.
+            Role("dataset", DatasetActor, (self.data, self.eval.hold_out()), service=True),
         ]
 
     def generates(self) -> bool:

@@ -160,7 +160,7 @@ class RLLoop(Run):
 
     async def play_row(self, group: int, seed: int) -> list[Episode]:
         """Group `group`'s episodes: dataset row `group`, played and scored (`play_group`)."""
-        row = await self.dataset.nth.call_one(group)
+        row = await self.dataset.nth.route(group)
         episodes = await self.play_group(group, row, seed)
         for episode in episodes:
             episode.row = row["index"]

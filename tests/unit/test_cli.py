@@ -187,6 +187,28 @@ def test_the_gist_of_nested_actor_errors_is_the_innermost_cause():
     assert cli._gist(OSError("disk full")) == "OSError: disk full"
 
 
+def test_a_call_failed_by_its_actors_process_dying_names_the_actor_and_how_it_died():
+    from forge.controller import SupervisionError
+
+    def failed(status: str) -> SupervisionError:  # as torchmonarch 0.7 words it
+        return SupervisionError(
+            "Endpoint call ReplayBuffer.add() failed, The actor <root>.<ReplayBuffer> and all its "
+            f"descendants have failed:\n  the process this actor was running on failed: {status}"
+        )
+
+    assert cli._process_death(failed("Killed(sig=9)")) == (
+        "ReplayBuffer's process was killed by SIGKILL (in ReplayBuffer.add)"
+    )
+    try:
+        raise RuntimeError("a later failure") from failed("Stopped(exit=3)")
+    except RuntimeError as wrapped:
+        assert cli._process_death(wrapped) == (
+            "ReplayBuffer's process exited with status 3 (in ReplayBuffer.add)"
+        )
+    assert cli._process_death(failed("Failed(bootstrap error)")) is None  # told by _gist
+    assert cli._process_death(OSError("disk full")) is None
+
+
 def test_app_code_reaches_processes_that_cannot_import_it(app, tmp_path):
     # Actor processes get what the app defines by value: they cannot import the app by name.
     blob = tmp_path / "double.pkl"
