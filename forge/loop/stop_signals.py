@@ -104,12 +104,15 @@ def stop_now(signum: int, why: str, checkpoints: str | None = None) -> None:
     resumes = f"it resumes from step {step}" if step else "no checkpoint to resume from"
     _tell(f"forge: {why}: ended at once; {resumes}")
     children = psutil.Process().children(recursive=True)
+    # A multiprocessing resource tracker removes the semaphores (/dev/shm/sem.*) of its
+    # process once that process is gone, and then exits: killed, it would leave them.
+    trackers = [c for c in children if _is_resource_tracker(c)]
     for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
+        if child not in trackers:
+            _kill(child)
     psutil.wait_procs(children, timeout=10)
+    for tracker in trackers:
+        _kill(tracker)  # one whose process outlived the wait
     for folder in SHM_ROOT.glob(f"{PREFIX}*"):
         owner = owner_of(folder)
         if owner is not None and owner.pid == os.getpid():
@@ -124,4 +127,18 @@ def _tell(line: str) -> None:
     try:
         say(line)
     except OSError:
+        pass
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _kill(process: psutil.Process) -> None:
+    try:
+        process.kill()
+    except psutil.NoSuchProcess:
         pass

@@ -1,5 +1,6 @@
 """A run stopped by a signal whose clean end does not end: the grace period or a second signal
-ends it at once, with nothing it started left (a child process, a shared-memory folder)."""
+ends it at once, with nothing it started left (a child process, a shared-memory folder, a
+child's semaphore)."""
 
 import signal
 import subprocess
@@ -21,11 +22,15 @@ STUCK_RUN = textwrap.dedent(
     from forge.weights.shm_folders import ShmFolder
 
     folder = ShmFolder.create(f"test-stop-{os.getpid()}")
-    child = subprocess.Popen(["sleep", "600"])
+    # A child holding a semaphore in /dev/shm, which its resource tracker removes after it.
+    holder = "import multiprocessing as mp, sys, time; s = mp.get_context('spawn').Semaphore(); "
+    holder += "print(s._semlock.name, flush=True); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    semaphore = child.stdout.readline().strip().lstrip("/")
 
     async def main():
         try:
-            print("ready", child.pid, folder.path, flush=True)
+            print("ready", child.pid, folder.path, semaphore, flush=True)
             await asyncio.Event().wait()
         finally:
             await asyncio.Event().wait()
@@ -35,30 +40,32 @@ STUCK_RUN = textwrap.dedent(
 )
 
 
-def start(grace_s: float) -> tuple[subprocess.Popen, psutil.Process, str]:
-    """The stuck run, once it is running: its process, its child, its folder."""
+def start(grace_s: float) -> tuple[subprocess.Popen, psutil.Process, list[Path]]:
+    """The stuck run, once it is running: its process, its child, what it has in /dev/shm
+    (its folder and its child's semaphore)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", STUCK_RUN, str(grace_s)], stdout=subprocess.PIPE, text=True
     )
-    _, pid, folder = proc.stdout.readline().split()
-    return proc, psutil.Process(int(pid)), folder
+    _, pid, folder, semaphore = proc.stdout.readline().split()
+    shm = [Path(folder), SHM_ROOT / f"sem.{semaphore}"]
+    assert all(path.exists() for path in shm), shm
+    return proc, psutil.Process(int(pid)), shm
 
 
 def test_a_run_whose_end_outlasts_the_grace_period_is_ended_at_once():
-    proc, child, folder = start(grace_s=0.5)
-    assert folder.startswith(str(SHM_ROOT))
+    proc, child, shm = start(grace_s=0.5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     out = proc.stdout.read()
     assert "SIGTERM, and 0.5 s later the run had not ended: ended at once" in out, out
     assert "no checkpoint to resume from" in out
     assert not psutil.pid_exists(child.pid)  # killed, and reaped before the exit
-    assert not Path(folder).exists()
+    assert not [path for path in shm if path.exists()]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
 def test_a_second_signal_ends_the_run_at_once(signum):
-    proc, child, folder = start(grace_s=600)
+    proc, child, shm = start(grace_s=600)
     proc.send_signal(signum)
     taken = proc.stdout.readline()
     assert "a second signal ends it at once" in taken, taken
@@ -66,4 +73,4 @@ def test_a_second_signal_ends_the_run_at_once(signum):
     assert proc.wait(timeout=60) == 128 + signum
     assert f"{signal.Signals(signum).name} again: ended at once" in proc.stdout.read()
     assert not psutil.pid_exists(child.pid)
-    assert not Path(folder).exists()
+    assert not [path for path in shm if path.exists()]
