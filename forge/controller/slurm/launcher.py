@@ -9,6 +9,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,9 @@ from forge.controller.slurm.submit import AllocationWorkers, in_allocation
 # How long a node's Monarch worker may take to accept a connection before the node counts as
 # lost (SlurmLauncher.lost).
 HOST_PROBE_TIMEOUT_S = 5.0
+# The pause between the two probes that must both fail (a worker restarting its listener, a
+# dropped packet: not a lost node).
+HOST_PROBE_PAUSE_S = 1.0
 # How long the job's watcher may take to cancel it at shutdown (an scancel).
 STOP_WATCHER_TIMEOUT_S = 30.0
 
@@ -66,7 +70,7 @@ class SlurmLauncher:
         if not isinstance(self._job, AllocationWorkers):
             return None
         node, port = self._job.addresses[host]
-        why = await asyncio.to_thread(_unreachable, node, port)
+        why = await asyncio.to_thread(unreachable_twice, node, port)
         if why is None:
             return None
         return f"node {node} lost: its Monarch worker at {node}:{port} {why}"
@@ -105,6 +109,16 @@ def slurm_job(hosts: int, cfg: SlurmConfig) -> Any:
         job_start_timeout=cfg.job_start_timeout,
     )
     return patch_slurm_job(job, cfg.driver_address)
+
+
+def unreachable_twice(host: str, port: int) -> str | None:
+    """Why nothing accepted a connection at host:port in two tries HOST_PROBE_PAUSE_S apart
+    (None: one was accepted): one refused or dropped connection does not lose a node."""
+    if _unreachable(host, port) is None:
+        return None
+    time.sleep(HOST_PROBE_PAUSE_S)
+    why = _unreachable(host, port)
+    return None if why is None else f"{why}, twice {HOST_PROBE_PAUSE_S:g}s apart"
 
 
 def _unreachable(host: str, port: int) -> str | None:
