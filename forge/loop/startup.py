@@ -103,6 +103,7 @@ async def start_parts(
     logs = _open_logs(cfg, list(actors.values()), plot_keys, exits)
     handle = TrainerHandle(actors["trainer"], placer.turns)  # the handles take the turns
     trainer = TrainerLifecycle(handle, cfg, placer, folder, logs, resumed)
+    await trainer.watch()
     if (step := await handle.get_step()) != resumed:
         raise RuntimeError(f"trainer resumed step {step}, the run folder {resumed}")
     generator = rollouts = evaluator = sync = None

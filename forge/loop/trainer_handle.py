@@ -98,6 +98,14 @@ class TrainerHandle:
         """Rank 0's cores."""
         return (await self.cores())["cpus"]
 
+    async def pids(self) -> list[int]:
+        """Every rank's process id, in rank order."""
+        try:
+            values = await self.mesh.cores.call()
+        except SupervisionError as e:
+            raise TrainerDied("a trainer process died during cores") from e
+        return [value["pid"] for value in values.values()]
+
 
 async def _rank0(call: Awaitable[Any], what: str) -> Any:
     try:

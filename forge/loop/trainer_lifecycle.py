@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.controller import get_provisioner
+from forge.controller.oom import oom_kills
 from forge.data.episode import Episode
 from forge.loop.config import RunConfig
 from forge.loop.record.batches import BatchRecord, StepRecord
@@ -54,6 +55,16 @@ class TrainerLifecycle:
         self.restarts = 0
         self.record = BatchRecord(cfg.run_dir, cfg.record)
         self.stopped_at = 0  # the step the divergence guard stopped the run at
+        # The running trainer's processes and when they were known (`watch`), and the step at
+        # which the OOM killer last ended one (0: never), to tell its deaths apart.
+        self._pids: list[int] = []
+        self._since = 0.0
+        self._oom_at = 0
+
+    async def watch(self) -> None:
+        """Learns the running trainer's process ids: call after each spawn, so that a death by
+        the OOM killer is told apart (`restart`)."""
+        self._pids, self._since = await self.handle.pids(), time.monotonic()
 
     async def train(
         self, step: int, batches: list[list[Episode]], policy_version: int | None
@@ -117,6 +128,7 @@ class TrainerLifecycle:
             HostLostError: its host is gone, so it cannot be respawned there.
         """
         await get_provisioner().check_hosts(self.handle.mesh)
+        error = self._oom_told(error, died_at)
         self.restarts += 1
         if self.restarts > self.cfg.max_trainer_restarts:
             raise RuntimeError(
@@ -130,6 +142,7 @@ class TrainerLifecycle:
         if (cpus := self.placer.cores_of("trainer")) is not None:
             await self.handle.use_cores(cpus)
         self.logs.replace_source(old, mesh)
+        await self.watch()
         step = self.checkpointed = await self.handle.get_step()
         redo = died_at - step
         record_metric("trainer/restarts", self.restarts, Reduce.MAX)
@@ -140,6 +153,29 @@ class TrainerLifecycle:
             f"{time.perf_counter() - start:.0f}s ({redo} step{'s' * (redo != 1)} to redo)"
         )
         return step
+
+    def _oom_told(self, error: TrainerDied, died_at: int) -> TrainerDied:
+        """`error`, saying so if the OOM killer ended the trainer (forge.controller.oom).
+
+        Raises:
+            RuntimeError: the OOM killer ended it at `died_at` before too: a respawn would
+                only die again; the line says what to change.
+        """
+        killed = oom_kills(self._pids, self._since)
+        if not killed:
+            return error
+        rank, pid = next((r, p) for r, p in enumerate(self._pids) if p in killed)
+        held = f"{killed[pid] / 2**30:.2f} GB"
+        told = TrainerDied(f"{error}: the OOM killer ended rank {rank} (pid {pid}), holding {held}")
+        if self._oom_at == died_at:
+            micro = self.cfg.trainer.micro_batch_size or "0: the whole batch"
+            raise RuntimeError(
+                f"{told}, again at step {died_at}: not restarted. Ask less memory of it: a "
+                f"smaller trainer.micro_batch_size (now {micro}) or fewer sequences a step, "
+                "or give its processes more memory"
+            ) from error
+        self._oom_at = died_at
+        return told
 
     async def finish(
         self, step: int | None, driver_state: Callable[[], Awaitable[dict[str, Any]]]

@@ -1,10 +1,14 @@
 """A run is its folder: killed, it resumes exactly; finished, it is not run again; its dead
 trainer is restarted. Tiny GRPO runs through `python -m forge run`, real processes killed."""
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -152,3 +156,45 @@ def test_a_killed_replay_buffer_ends_the_run_in_one_line_and_the_same_command_re
     assert [m["step"] for m in metrics(run_dir)] == list(range(1, STEPS + 1))
     ids = [e for r in trained(run_dir) for e in r["episodes"]]
     assert len(ids) == len(set(ids)) == STEPS * 8  # none trained twice, none lost
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path]:
+    """A new memory cgroup (v1 or v2) whose processes may take `limit` bytes more than they had
+    when they joined it (a process's earlier pages stay charged where they were); yields its
+    `cgroup.procs`, to move a process in. Removed once its processes are gone."""
+    root, name = Path("/sys/fs/cgroup"), f"forge-test-oom-{uuid.uuid4().hex[:8]}"
+    v2 = (root / "cgroup.controllers").exists()
+    group = root / name if v2 else root / "memory" / name
+    group.mkdir()
+    try:
+        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        yield group / "cgroup.procs"
+    finally:
+        deadline = time.monotonic() + 30
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        group.rmdir()
+
+
+def test_a_trainer_the_oom_killer_ends_is_named_and_restarted(tmp_path):
+    """After step 3 the trainer's process joins a cgroup whose memory limit its next pages
+    exceed: the kernel's OOM killer ends it (a real limit, not a signal sent by the test).
+    The console names the OOM killer, the rank and what the process held; the trainer is
+    restarted from its checkpoint, and the run takes each step once."""
+    run_dir = tmp_path / "oom"
+    proc = grpo(run_dir, "trainer_resources.env={FORGE_TEST_ROLE: trainer}")
+    try:
+        with memory_cgroup(1 << 20) as procs:
+            wait_for_steps(proc, run_dir, 3)
+            (trainer,) = processes_with_env(proc.pid, "FORGE_TEST_ROLE", "trainer")
+            procs.write_text(str(trainer))
+            finish(proc, run_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    named = [x for x in console(run_dir).splitlines() if "the OOM killer ended" in x]
+    assert len(named) == 1, console(run_dir)
+    assert f"the OOM killer ended rank 0 (pid {trainer}), holding " in named[0]
+    assert "restarted from the checkpoint of step" in named[0]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, STEPS + 1))
