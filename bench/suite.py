@@ -29,7 +29,7 @@ WORKERS = 2  # `make test`'s -n
 DURATION = re.compile(r"^([0-9.]+)s (?:call|setup|teardown)\s+tests/(\w+)/([^:\s]+)")
 WALL = re.compile(r" in ([0-9.]+)s(?: \(|$)")
 FAILED = re.compile(r"(\d+) failed")
-LEARNING = "e2e/test_learning"  # the SmolLM2 learning files: test_learning*.py
+LEARNING = "e2e/test_learning"  # the SmolLM2 learning tests: test_learning.py
 
 
 def busy_cpu_s() -> float:

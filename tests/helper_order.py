@@ -9,12 +9,9 @@ other worker sat idle. Seconds are from the last CI run's durations, with setup.
 import pytest
 
 SLOWEST_FIRST = (
-    "e2e/test_learning.py",  # ~760 s: the SmolLM2 SFT teacher, then distillation from it
-    "e2e/test_learning_agent.py",  # ~540 s: the tool-use warm start (SFT), then GRPO with it
+    "e2e/test_learning.py",  # ~2400 s: every SmolLM2 learning run, one after another
     "e2e/test_grpo.py",  # ~600 s
     "e2e/test_notebooks.py",  # ~620 s
-    "e2e/test_learning_grpo.py",  # ~580 s: SmolLM2 GRPO learning, batch-64 memory
-    "e2e/test_learning_lora.py",  # ~300 s: SmolLM2 GRPO learning with LoRA, split
     "e2e/test_resume.py",  # ~370 s
     "e2e/test_distillation.py",  # ~300 s
     "e2e/test_colocated.py",  # ~300 s

@@ -17,6 +17,10 @@ STARVED_TIMEOUT = "2m"
 # Monarch refuses a supervision watchdog shorter than its poll interval (10 s) plus the actor
 # and proc state waits (STARVED_TIMEOUT, 1 min).
 WATCHDOG_TIMEOUT = "4m"
+# A process that has not heard from its controller for this long stops itself ("stopped:
+# orphaned"); the controller's keepalives ride on its state queries, which may now wait
+# STARVED_TIMEOUT. Processes whose controller died end sooner, with it (parent-death signal).
+ORPHAN_TIMEOUT = "5m"
 
 
 def tolerate_starved_processes() -> None:
@@ -28,7 +32,8 @@ def tolerate_starved_processes() -> None:
     acknowledge a message within 30 s as failed. On a loaded machine live processes were so
     reported: a generator importing vLLM, trainer ranks being pinned; the run then failed
     while they were still working. A process that exits is still reported at once, from its
-    exit status; only a process that hangs, or a host that vanishes, is noticed later.
+    exit status; only a process that hangs, or a host that vanishes, is noticed later. A
+    process stops itself as orphaned only after ORPHAN_TIMEOUT without its controller.
     Called by each Provisioner before it spawns: spawned processes take the settings with them.
     """
     from monarch.config import configure
@@ -39,6 +44,7 @@ def tolerate_starved_processes() -> None:
         actor_spawn_max_idle=STARVED_TIMEOUT,
         mesh_proc_spawn_max_idle=STARVED_TIMEOUT,
         supervision_watchdog_timeout=WATCHDOG_TIMEOUT,
+        mesh_orphan_timeout=ORPHAN_TIMEOUT,
     )
 
 

@@ -56,7 +56,9 @@ def sampled(how: str, script) -> tuple[list, Path]:
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    # vLLM logs to stdout too, and may do so after the script's line (its shutdown).
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith('{"sampled"')]
+    out = json.loads(line)
     return out["sampled"], Path(out["tempdir"])
 
 
