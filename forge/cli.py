@@ -56,12 +56,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn, get_type_hints
+from typing import Any, NoReturn, TypeVar, get_type_hints
 
 import cloudpickle
 
 from forge.config import ConfigError, load_config
 from forge.observability.console import capture_to, say
+
+E = TypeVar("E", bound=BaseException)
 
 # The name an app file is imported under: apps/ is not a package, so it has no dotted name.
 APP_MODULE = "forge_app"
@@ -472,9 +474,7 @@ def _process_death(error: BaseException | None) -> str | None:
     call failed for another reason, or none did."""
     from forge.controller import SupervisionError
 
-    while error is not None and not isinstance(error, SupervisionError):
-        error = error.__cause__ or error.__context__
-    text = str(error or "")
+    text = str(_cause_of(error, SupervisionError) or "")
     call = re.search(r"Endpoint call (\w+)\.(\w+)\(\) failed", text)
     # torchmonarch 0.7's ProcStatus: Killed(sig=9), Killed(sig=9, core), Stopped(exit=1)
     how = re.search(r"the process this actor was running on failed: (\w+)\((\w+)=(-?\d+)", text)
@@ -504,11 +504,14 @@ def _host_lost(error: BaseException | None) -> bool:
     """Whether a lost host (HostLostError) is among the causes of `error`."""
     from forge.controller import HostLostError
 
-    while error is not None:
-        if isinstance(error, HostLostError):
-            return True
+    return _cause_of(error, HostLostError) is not None
+
+
+def _cause_of(error: BaseException | None, kind: type[E]) -> E | None:
+    """The first of `error` and its causes (raised from, or while handling) that is a `kind`."""
+    while error is not None and not isinstance(error, kind):
         error = error.__cause__ or error.__context__
-    return False
+    return error
 
 
 def _call(app_main: Callable[[Any], Any], cfg: Any) -> None:

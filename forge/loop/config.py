@@ -129,8 +129,8 @@ class RunConfig:
             steps are quick and never block); set: in an EnvironmentActor service of
             `num_replicas` replicas, where tool calls run; a replica that dies is respawned and
             its episodes are played again from their first turn.
-        shutdown: how the run ends when stopped with SIGTERM or SIGHUP (as after Ctrl-C,
-            within a grace period).
+        shutdown: how the run ends when stopped with SIGTERM, SIGHUP or SIGUSR1 (as after
+            Ctrl-C, within a grace period).
     """
 
     run_dir: str = "runs/forge"

@@ -12,7 +12,6 @@ exit status is 128 + the signal's number.
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -24,7 +23,7 @@ import psutil
 
 from forge.actors.trainer.checkpointing import latest_step
 from forge.observability.console import say
-from forge.weights.shm_folders import PREFIX, SHM_ROOT, owner_of, remove_dead
+from forge.weights.shm_folders import remove_dead, remove_own
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
@@ -53,11 +52,12 @@ class Stopped(Exception):
 def run_stoppable(
     main: Coroutine[Any, Any, Any], grace_s: float, checkpoints: str | None = None
 ) -> None:
-    """Runs `main` in a new event loop; a signal of STOP_SIGNALS cancels it as Ctrl-C does and, once
-    it has ended, raises Stopped. A second signal, or `grace_s` passing first, ends this
+    """Runs `main` in a new event loop; a signal of STOP_SIGNALS cancels it as Ctrl-C does and,
+    once it has ended, raises Stopped. A second signal, or `grace_s` passing first, ends this
     process at once (`stop_now`, which names the newest checkpoint in `checkpoints`)."""
     received: list[int] = []
-    # A thread, not the loop's timer: it fires even while a blocking call holds the loop.
+    # A thread, not the loop's timer: it fires even while a blocking call holds the loop. At
+    # most one: a second signal ends the process.
     grace: list[threading.Timer] = []
 
     async def guarded() -> None:
@@ -71,9 +71,10 @@ def run_stoppable(
             received.append(signum)
             task.cancel()
             why = f"{name}, and {grace_s:g} s later the run had not ended"
-            grace.append(threading.Timer(grace_s, stop_now, (signum, why, checkpoints)))
-            grace[0].daemon = True
-            grace[0].start()
+            timer = threading.Timer(grace_s, stop_now, (signum, why, checkpoints))
+            timer.daemon = True
+            timer.start()
+            grace.append(timer)
             _tell(
                 f"forge: {name}: ending the run as after Ctrl-C, within {grace_s:g} s "
                 "(a second signal ends it at once)"
@@ -113,10 +114,7 @@ def stop_now(signum: int, why: str, checkpoints: str | None = None) -> None:
     psutil.wait_procs(children, timeout=10)
     for tracker in trackers:
         _kill(tracker)  # one whose process outlived the wait
-    for folder in SHM_ROOT.glob(f"{PREFIX}*"):
-        owner = owner_of(folder)
-        if owner is not None and owner.pid == os.getpid():
-            shutil.rmtree(folder, ignore_errors=True)
+    remove_own()
     remove_dead()  # those of the processes just killed
     sys.stdout.flush()
     os._exit(128 + signum)

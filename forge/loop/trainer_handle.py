@@ -100,17 +100,18 @@ class TrainerHandle:
 
     async def pids(self) -> list[int]:
         """Every rank's process id, in rank order."""
-        try:
-            values = await self.mesh.cores.call()
-        except SupervisionError as e:
-            raise TrainerDied("a trainer process died during cores") from e
-        return [value["pid"] for value in values.values()]
+        return [cores["pid"] for cores in await _every_rank(self.mesh.cores.call(), "cores")]
 
 
 async def _rank0(call: Awaitable[Any], what: str) -> Any:
+    return (await _every_rank(call, what))[0]
+
+
+async def _every_rank(call: Awaitable[Any], what: str) -> list[Any]:
+    """Each rank's value of a call on every rank, in rank order."""
     try:
         values = await call
     except SupervisionError as e:  # Monarch's account of it stays attached as the cause
         raise TrainerDied(f"a trainer process died during {what}") from e
-    # In rank order; not .item(procs=0): meshes on a launcher's hosts also have "hosts".
-    return next(iter(values.values()))
+    # Not .item(procs=0): meshes on a launcher's hosts also have "hosts".
+    return list(values.values())

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,10 +122,20 @@ def remove_dead(root: Path = SHM_ROOT) -> list[tuple[Path, Owner, int]]:
 
     Returns (folder, owner, bytes freed) for each.
     """
+    return _remove_where(root, lambda owner: not owner.alive())
+
+
+def remove_own(root: Path = SHM_ROOT) -> list[tuple[Path, Owner, int]]:
+    """Removes every forge folder under `root` that this process owns (one about to end
+    without its clean-up); returns (folder, owner, bytes freed) for each."""
+    return _remove_where(root, lambda owner: owner.pid == os.getpid())
+
+
+def _remove_where(root: Path, doomed: Callable[[Owner], bool]) -> list[tuple[Path, Owner, int]]:
     removed = []
     for folder in sorted(root.glob(f"{PREFIX}*")):
         owner = owner_of(folder)
-        if owner is not None and not owner.alive():
+        if owner is not None and doomed(owner):
             size = folder_bytes(folder)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append((folder, owner, size))
