@@ -17,11 +17,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 from library_log import library_output_to_log
 from result import Result
+from scratch import scratch_folder
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -50,7 +50,7 @@ def steady_seconds_per_step(steps: list[dict[str, float]]) -> float:
 
 async def run(config: str, mode: str, steps: int, overrides: list[str]) -> list[dict]:
     app_main, schema = load_app(APP)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{mode}-"))
+    run_dir = scratch_folder(mode)
     cfg = load_config(
         schema, config, [*overrides, f"mode={mode}", f"steps={steps}", f"run_dir={run_dir}"]
     )

@@ -19,12 +19,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from async_speedup import per_step, steady_seconds_per_step
 from library_log import library_output_to_log
 from result import Result
+from scratch import scratch_folder
 
 from forge.observability.console import say
 
@@ -54,7 +54,7 @@ def no_checkpoints(tree: Path) -> str:
 
 def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:
     """One `forge run` of the GRPO app from `tree`'s code; its steady seconds per step."""
-    run_dir = Path(tempfile.mkdtemp(prefix="forge-bench-before-after-"))
+    run_dir = scratch_folder("before-after")
     args = [*QUIET, no_checkpoints(tree), *overrides, f"steps={steps}", f"run_dir={run_dir}"]
     command = [sys.executable, "-m", "forge", "run", "apps/grpo/main.py", "--config", CONFIG]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # ahead of the editable install's finder
@@ -67,7 +67,7 @@ def run(tree: Path, overrides: list[str], steps: int, log: Path) -> float:
 
 def worktree(commit: str) -> Path:
     """`commit` checked out in a temporary worktree of this repository."""
-    path = Path(tempfile.mkdtemp(prefix="forge-before-")) / "forge"
+    path = scratch_folder("before-tree") / "forge"
     git = ["git", "-C", str(ROOT), "worktree"]
     subprocess.run([*git, "add", "--detach", str(path), commit], check=True, capture_output=True)
     return path

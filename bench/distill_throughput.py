@@ -14,11 +14,11 @@ the loop's throughput the teacher takes.
 import argparse
 import asyncio
 import json
-import tempfile
 from pathlib import Path
 
 from library_log import library_output_to_log
 from result import Result
+from scratch import scratch_folder
 
 from forge.cli import load_app
 from forge.config import load_config
@@ -32,7 +32,7 @@ SHARED = ("group_size", "data", "buffer", "generator_resources", "trainer_resour
 
 async def run(app: str, config: str, overrides: list[str]) -> list[dict]:
     app_main, schema = load_app(APPS / app / "main.py")
-    run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{app}-"))
+    run_dir = scratch_folder(app)
     cfg = load_config(schema, config, [*overrides, f"run_dir={run_dir}"])
     say(f"{app} run ({' '.join(overrides)}) -> {run_dir}")
     await app_main(cfg)

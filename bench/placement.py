@@ -20,13 +20,13 @@ import asyncio
 import json
 import math
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
 from async_speedup import seconds_per_step
 from library_log import library_output_to_log
 from result import Result
+from scratch import scratch_folder
 from trainer_memory import matmul_flops
 
 from forge.cli import load_app
@@ -46,7 +46,7 @@ async def run(config: str, name: str, overrides: list[str], steps: int = STEPS) 
     """One run of `steps` steps; its pipeline.json (prediction, measured), its metrics and its
     folder."""
     app_main, schema = load_app(APP)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"forge-bench-{name}-"))
+    run_dir = scratch_folder(name)
     quiet = ["eval.interval=0", "export_hf=false", "trainer.checkpoint.enabled=false"]
     cfg = load_config(schema, config, [*quiet, *overrides, f"steps={steps}", f"run_dir={run_dir}"])
     say(f"{name}: {' '.join(overrides)} -> {run_dir}")
@@ -123,7 +123,7 @@ async def size(config: str, batch: int, overrides: list[str], params: int, resul
 
 
 async def main(args: argparse.Namespace) -> None:
-    cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
+    cache = scratch_folder("calibration") / "calibration.json"
     calibration.cache_path = lambda: cache  # auto calibrates in this run, whatever is cached
     # Every placement is predicted from the costs auto measured, even where one run's measured
     # figure is far enough off them that a run would drop them from the cache.

@@ -14,12 +14,11 @@ AVX512-BF16); without it bfloat16 matmuls are emulated and far slower.
 import argparse
 import asyncio
 import statistics
-import tempfile
-from pathlib import Path
 
 from library_log import library_output_to_log
 from placement import run
 from result import Result
+from scratch import scratch_folder
 
 from forge.observability.console import say
 from forge.placement import calibration
@@ -52,7 +51,7 @@ def figures(result: dict) -> dict[str, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    cache = Path(tempfile.mkdtemp(prefix="forge-bench-calibration-")) / "calibration.json"
+    cache = scratch_folder("calibration") / "calibration.json"
     calibration.cache_path = lambda: cache  # neither reads nor drops the user's cached costs
     placement = ["placement=colocated", "mode=sync"]
     extra = [f"buffer.batch_size={args.batch}", "buffer.capacity=1024", *args.overrides]

@@ -174,7 +174,7 @@ def readme(text: str) -> str:
 
 def unlisted() -> list[str]:
     """Bench scripts (every bench/*.py but the helpers) not in BENCHES."""
-    listed = {bench for _, _, bench in BENCHES} | {"library_log", "result", "report"}
+    listed = {bench for _, _, bench in BENCHES} | {"library_log", "result", "report", "scratch"}
     return [p.stem for p in sorted((ROOT / "bench").glob("*.py")) if p.stem not in listed]
 
 

@@ -27,12 +27,12 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from library_log import library_output_to_log
 from result import FOLDER, ROOT, Result
+from scratch import scratch_folder
 
 from forge.observability.console import say
 from forge.observability.startup import read_phases
@@ -156,7 +156,7 @@ def draw(runs: dict[str, dict], baselines: dict[str, float], path: Path) -> None
 
 def main(args: argparse.Namespace) -> None:
     result = Result("startup")
-    folder = Path(tempfile.mkdtemp(prefix="forge-bench-startup-"))
+    folder = scratch_folder("startup")
     medians, baselines = {}, {}
     for config in args.configs:
         name = Path(config).stem

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,18 @@ def test_every_bench_is_listed_and_the_page_and_readme_are_up_to_date():
     assert report.unlisted() == []
     assert report.PAGE.read_text() == report.page(), "run `make bench-report`"
     assert report.README.read_text() == report.readme(report.README.read_text())
+
+
+@pytest.mark.parametrize("ending", ["return", "raise SystemExit(3)", "raise KeyboardInterrupt"])
+def test_a_benchs_scratch_folder_is_removed_when_it_exits(ending, tmp_path):
+    """Run folders written under scratch_folder are gone once the bench exits, however."""
+    code = (
+        "import sys; sys.path.insert(0, 'bench'); from scratch import scratch_folder\n"
+        f"def main():\n    f = scratch_folder('t'); (f / 'run').mkdir(); print(f)\n    {ending}\n"
+        "main()"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True)
+    folder = Path(done.stdout.decode().strip())
+    assert folder.parent == tmp_path and folder.name.startswith("forge-bench-t-")
+    assert not folder.exists()
