@@ -48,6 +48,7 @@ BENCHES = [
     ("environments", "python bench/environments.py", "environments"),
     ("episode_rollouts", "python bench/episode_rollouts.py", "episode_rollouts"),
     ("record", "python bench/record.py", "record"),
+    ("chaos", "python bench/chaos.py", "chaos"),
     ("suite", "python bench/suite.py", "suite"),
 ]
 VARIANTS = {

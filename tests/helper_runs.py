@@ -131,13 +131,13 @@ def evals(run_dir: Path, key: str) -> list[dict]:
 
 def processes_of(driver: int, marker: str) -> list[int]:
     """Pids of the driver's descendant processes whose name or command line has `marker`."""
-    return [p.pid for p in _descendants(driver) if marker in p.name() + " ".join(p.cmdline())]
+    return [p.pid for p in descendants(driver) if marker in p.name() + " ".join(p.cmdline())]
 
 
 def processes_with_env(driver: int, key: str, value: str) -> list[int]:
     """Pids of the driver's descendant processes started with `key=value` in their
     environment (a role's `env` in the config marks its processes)."""
-    return [p.pid for p in _descendants(driver) if p.environ().get(key) == value]
+    return [p.pid for p in descendants(driver) if p.environ().get(key) == value]
 
 
 def actor_processes(driver: int, mesh: str) -> list[int]:
@@ -163,9 +163,14 @@ def shm_mapped(driver: int) -> tuple[set[Path], list[psutil.Process]]:
     return paths, processes
 
 
-def _descendants(driver: int) -> list[psutil.Process]:
+def descendants(driver: int) -> list[psutil.Process]:
+    """The driver's descendant processes alive now (none once the driver is gone)."""
+    try:
+        children = psutil.Process(driver).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
     alive = []
-    for p in psutil.Process(driver).children(recursive=True):
+    for p in children:
         try:
             p.name(), p.cmdline(), p.environ()
             alive.append(p)

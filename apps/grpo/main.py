@@ -50,7 +50,9 @@ class Config(RLConfig):
     def roles(self) -> list[Role]:
         if self.reference is None:
             return super().roles()
-        return [*super().roles(), Role("reference", ReferenceModel, (self.reference,))]
+        # A service of one replica: a dead one is respawned, and `logprobs` retried on it.
+        reference = Role("reference", ReferenceModel, (self.reference,), service=True)
+        return [*super().roles(), reference]
 
 
 class GRPO(RLLoop):
@@ -72,7 +74,7 @@ class GRPO(RLLoop):
         ]
         if self.reference is not None:
             pairs = [(c.prompt_ids, c.token_ids) for c in completions]
-            for e, lp in zip(episodes, await self.reference.logprobs.call_one(pairs), strict=True):
+            for e, lp in zip(episodes, await self.reference.logprobs.route(pairs), strict=True):
                 e.ref_logprobs = lp
         for o in outcomes:
             record_metric("rollout/reward", o.reward)

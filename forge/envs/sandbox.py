@@ -5,7 +5,9 @@ is removed afterwards. Where the machine has bubblewrap (`bwrap`, Debian's `bubb
 call sees the file system read-only except that folder (also its TMPDIR), has no network (a
 network namespace with no interface but loopback) and a PID namespace of its own: when its
 first process ends, the kernel ends every process it started. Its processes and memory are
-capped by a cgroup where forge may create one (v1 or v2 `pids` and `memory` controllers);
+capped by a cgroup where forge may create one (v1 or v2 `pids` and `memory` controllers),
+made inside the cgroup of the process that runs the sandbox, so the limits of what runs forge
+(a SLURM job, a systemd unit) hold for the sandboxed code too;
 elsewhere memory by an rlimit on each process's address space, and processes not at all. A
 call still running at `timeout_s`, or whose caller cancels it, is killed with everything it
 started. What it prints is cut to `output_bytes` per stream, read to the end so that the call
@@ -226,12 +228,29 @@ def _kill_session(pid: int) -> None:
 def _cgroup_kind() -> Literal["v1", "v2"] | None:
     """The cgroup layout forge may create sandbox groups in, if any."""
     if (CGROUP_ROOT / "cgroup.controllers").exists():
-        kind, probe = "v2", CGROUP_ROOT
+        kind, probe = "v2", _own_cgroup(None)
     elif (CGROUP_ROOT / "pids").is_dir() and (CGROUP_ROOT / "memory").is_dir():
-        kind, probe = "v1", CGROUP_ROOT / "pids"
+        kind, probe = "v1", _own_cgroup("pids")
     else:
         return None
     return kind if os.access(probe, os.W_OK) else None
+
+
+def _own_cgroup(controller: str | None) -> Path:
+    """The cgroup folder this process is in: in `controller`'s hierarchy (v1), or v2's one.
+
+    A sandbox's groups are made inside it, so that the limits of whatever runs forge (a SLURM
+    job, a systemd unit) bound the sandboxed code too. Where that folder is not visible here
+    (a container that sees its own group as the root), the hierarchy's root.
+    """
+    root = CGROUP_ROOT if controller is None else CGROUP_ROOT / controller
+    wanted = controller or ""  # v2's line names no controller: "0::/path"
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if wanted in controllers.split(","):
+            own = root / path.lstrip("/")
+            return own if own.is_dir() else root
+    return root
 
 
 class _Cgroup:
@@ -246,11 +265,11 @@ class _Cgroup:
     def create(cls, kind: Literal["v1", "v2"], cfg: SandboxConfig) -> "_Cgroup":
         name = f"forge-sandbox-{uuid.uuid4().hex[:12]}"
         if kind == "v2":
-            pids = mem = CGROUP_ROOT / name
+            pids = mem = _own_cgroup(None) / name
             group = cls([pids], mem / "memory.events")
             limits = {"pids.max": pids, "memory.max": mem, "memory.swap.max": mem}
         else:
-            pids, mem = CGROUP_ROOT / "pids" / name, CGROUP_ROOT / "memory" / name
+            pids, mem = _own_cgroup("pids") / name, _own_cgroup("memory") / name
             group = cls([pids, mem], mem / "memory.oom_control")
             limits = {"pids.max": pids, "memory.limit_in_bytes": mem}
             if (mem.parent / "memory.memsw.limit_in_bytes").exists():  # swap counted too

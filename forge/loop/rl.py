@@ -335,10 +335,14 @@ class RLLoop(Run):
             await self.stop_rollouts()
 
     async def close(self) -> None:
-        """Stops the rollouts (their groups are taken again on resume), then closes the run."""
-        if self.workers:
-            await self.stop_rollouts()
-        await super().close()
+        """Stops the rollouts (their groups are taken again on resume), then closes the run,
+        even where a delivery in flight failed (a dead replay buffer): its processes are
+        stopped and its shared memory given back either way."""
+        try:
+            if self.workers:
+                await self.stop_rollouts()
+        finally:
+            await super().close()
 
     async def steps(
         self, n: int, on_step: Callable[[int, dict[str, float]], None] | None = None

@@ -38,7 +38,7 @@ from forge.observability.startup import ENV as STARTUP_LOG
 from forge.observability.startup import phase, process_started, record
 from forge.placement.placer import Placer
 from forge.placement.plan import GROUP, Plan
-from forge.weights.shm_folders import claim_for_run
+from forge.weights.shm_folders import claim_for_run, remove_dead
 from forge.weights.transport import WeightTransport, make_transport
 
 # An app's data: the training rows and the eval rows, checked against what reads them.
@@ -153,6 +153,8 @@ async def _start_provisioner(cfg: RunConfig, plan: Plan, exits: AsyncExitStack) 
     """The provisioner (its group reserved as the plan placed it) and the weight transport,
     emptied of versions an earlier run left behind."""
     init_provisioner(cfg.provisioner)
+    # Last: what a process stopped by shutdown left in /dev/shm (one ended mid-cleanup).
+    exits.callback(remove_dead)
     exits.push_async_callback(shutdown)  # every process, and the run's /dev/shm folder
     if plan.group is not None:
         g = plan.group

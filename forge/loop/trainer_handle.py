@@ -9,14 +9,18 @@ trainer's devices (a step, an eval loss, logprobs, calibration, a push) takes th
 checkpoints and exports copy weights out and take none, as before.
 """
 
+import asyncio
 from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from forge.actors.trainer import TrainerConfig
-from forge.controller import SupervisionError
+from forge.controller import SupervisionError, get_provisioner
 from forge.data.episode import Episode
 from forge.placement.turns import Turns
+
+# How often the hosts of a trainer call still pending are probed (a service's health interval).
+HOST_PROBE_S = 2.0
 
 
 class TrainerDied(RuntimeError):
@@ -45,54 +49,54 @@ class TrainerHandle:
     ) -> dict[str, Any]:
         async with self.turns.training():
             call = self.mesh.train_step.call(batches, policy_version, record)
-            return await _rank0(call, "train_step")
+            return await self._rank0(call, "train_step")
 
     async def params_digest(self) -> str:
         async with self.turns.training():
-            return await _rank0(self.mesh.params_digest.call(), "params_digest")
+            return await self._rank0(self.mesh.params_digest.call(), "params_digest")
 
     async def load_checkpoint(self, folder: str, step: int) -> None:
-        await _rank0(self.mesh.load_checkpoint.call(folder, step), "load_checkpoint")
+        await self._rank0(self.mesh.load_checkpoint.call(folder, step), "load_checkpoint")
 
     async def set_optimisation(self, cfg: TrainerConfig) -> None:
-        await _rank0(self.mesh.set_optimisation.call(cfg), "set_optimisation")
+        await self._rank0(self.mesh.set_optimisation.call(cfg), "set_optimisation")
 
     async def eval_loss(self, batches: list[list[Episode]]) -> float:
         async with self.turns.training():
-            return await _rank0(self.mesh.eval_loss.call(batches), "eval_loss")
+            return await self._rank0(self.mesh.eval_loss.call(batches), "eval_loss")
 
     async def compute_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         async with self.turns.training():
-            return await _rank0(self.mesh.compute_logprobs.call(pairs), "compute_logprobs")
+            return await self._rank0(self.mesh.compute_logprobs.call(pairs), "compute_logprobs")
 
     async def calibrate(self, batches: list[list[Episode]]) -> dict[str, float]:
         async with self.turns.training():
-            return await _rank0(self.mesh.calibrate.call(batches), "calibrate")
+            return await self._rank0(self.mesh.calibrate.call(batches), "calibrate")
 
     async def push_weights(self, version: int) -> dict[str, float]:
         async with self.turns.training():
-            return await _rank0(self.mesh.push_weights.call(version), "push_weights")
+            return await self._rank0(self.mesh.push_weights.call(version), "push_weights")
 
     async def export_hf(self, path: str, merged: bool = False) -> str:
-        return await _rank0(self.mesh.export_hf.call(path, merged), "export_hf")
+        return await self._rank0(self.mesh.export_hf.call(path, merged), "export_hf")
 
     async def save_checkpoint(self, background: bool | None = None) -> float:
-        return await _rank0(self.mesh.save_checkpoint.call(background), "save_checkpoint")
+        return await self._rank0(self.mesh.save_checkpoint.call(background), "save_checkpoint")
 
     async def wait_checkpoint(self) -> None:
-        await _rank0(self.mesh.wait_checkpoint.call(), "wait_checkpoint")
+        await self._rank0(self.mesh.wait_checkpoint.call(), "wait_checkpoint")
 
     async def get_step(self) -> int:
-        return await _rank0(self.mesh.get_step.call(), "get_step")
+        return await self._rank0(self.mesh.get_step.call(), "get_step")
 
     async def use_cores(self, cpus: list[int]) -> list[int]:
-        return await _rank0(self.mesh.use_cores.call(cpus), "use_cores")
+        return await self._rank0(self.mesh.use_cores.call(cpus), "use_cores")
 
     async def use_threads(self, threads: int) -> None:
-        await _rank0(self.mesh.use_threads.call(threads), "use_threads")
+        await self._rank0(self.mesh.use_threads.call(threads), "use_threads")
 
     async def cores(self) -> dict[str, Any]:
-        return await _rank0(self.mesh.cores.call(), "cores")
+        return await self._rank0(self.mesh.cores.call(), "cores")
 
     async def cpus(self) -> list[int]:
         """Rank 0's cores."""
@@ -100,18 +104,28 @@ class TrainerHandle:
 
     async def pids(self) -> list[int]:
         """Every rank's process id, in rank order."""
-        return [cores["pid"] for cores in await _every_rank(self.mesh.cores.call(), "cores")]
+        return [cores["pid"] for cores in await self._every_rank(self.mesh.cores.call(), "cores")]
 
+    async def _rank0(self, call: Awaitable[Any], what: str) -> Any:
+        return (await self._every_rank(call, what))[0]
 
-async def _rank0(call: Awaitable[Any], what: str) -> Any:
-    return (await _every_rank(call, what))[0]
+    async def _every_rank(self, call: Awaitable[Any], what: str) -> list[Any]:
+        """Each rank's value of a call on every rank, in rank order.
 
-
-async def _every_rank(call: Awaitable[Any], what: str) -> list[Any]:
-    """Each rank's value of a call on every rank, in rank order."""
-    try:
-        values = await call
-    except SupervisionError as e:  # Monarch's account of it stays attached as the cause
-        raise TrainerDied(f"a trainer process died during {what}") from e
-    # Not .item(procs=0): meshes on a launcher's hosts also have "hosts".
-    return list(values.values())
+        Raises:
+            TrainerDied: a trainer process died during the call.
+            HostLostError: a host of the trainer stopped answering the provisioner's probe
+                meanwhile (probed every HOST_PROBE_S, as a service's replicas are; Monarch
+                reports a lost host's processes dead only minutes later).
+        """
+        pending = asyncio.ensure_future(call)
+        try:
+            while not (await asyncio.wait({pending}, timeout=HOST_PROBE_S))[0]:
+                await get_provisioner().check_hosts(self.mesh)
+            values = pending.result()
+        except SupervisionError as e:  # Monarch's account of it stays attached as the cause
+            raise TrainerDied(f"a trainer process died during {what}") from e
+        finally:
+            pending.cancel()
+        # Not .item(procs=0): meshes on a launcher's hosts also have "hosts".
+        return list(values.values())

@@ -1,28 +1,21 @@
 """A run is its folder: killed, it resumes exactly; finished, it is not run again; its dead
 trainer is restarted. Tiny GRPO runs through `python -m forge run`, real processes killed."""
 
-import contextlib
 import os
 import re
 import signal
 import subprocess
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helper_cgroup import memory_cgroup
 from helper_runs import (
-    actor_processes,
     console,
     finish,
     forge_replay,
     forge_run,
     kill_groups_after_a_checkpoint,
-    kill_one_after_3_steps,
-    kill_one_mid_run,
     metrics,
-    processes_of,
     processes_with_env,
     trained,
     wait_for_steps,
@@ -98,83 +91,6 @@ def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_pa
     assert again.wait(timeout=120) == 0
     assert f"is finished: {STEPS} of {STEPS} steps taken" in console(runs["async"])
     assert [m["step"] for m in metrics(runs["async"])] == list(range(1, STEPS + 1))
-
-
-def test_killed_trainer_reward_and_dataset_processes_are_recovered(tmp_path):
-    """The reward service's, its reward worker's and the dataset's processes are killed after
-    step 2: the services' are respawned, and the calls they held retried on them; the worker
-    is replaced (a call it held scores 0, counted as failed). The trainer's is killed after
-    step 3: it is restarted from its checkpoint. The run takes each step once."""
-    run_dir = tmp_path / "roles"
-    proc = grpo(run_dir, "trainer_resources.env={FORGE_TEST_ROLE: trainer}")
-    try:
-        wait_for_steps(proc, run_dir, 2)
-        (worker,) = processes_of(proc.pid, "reward_runner")
-        os.kill(worker, signal.SIGKILL)
-        for mesh in ("rewardactor-0", "datasetactor-0"):
-            (victim,) = actor_processes(proc.pid, mesh)
-            os.kill(victim, signal.SIGKILL)
-        find = lambda pid: processes_with_env(pid, "FORGE_TEST_ROLE", "trainer")  # noqa: E731
-        kill_one_mid_run(proc, run_dir, find, 1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = (run_dir / "forge.log").read_text()
-    for service in ("RewardActor", "DatasetActor"):
-        assert f"{service} replica 0 recovered" in log, service
-    steps = metrics(run_dir)
-    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
-    assert max(m.get("trainer/restarts", 0) for m in steps) == 1
-    after = next(i for i, m in enumerate(steps) if "trainer/restart_s" in m)
-    restart, gap = steps[after], steps[after]["time"] - steps[after - 1]["time"]
-    print(
-        f"trainer restart: {restart['trainer/restart_s']:.1f}s to respawn and re-sync, "
-        f"{restart['trainer/redone_steps']:.0f} steps redone; {gap:.1f}s from the checkpoint's "
-        "step to the first step after the restart (the lost work included)"
-    )
-    ids = [e for r in trained(run_dir) for e in r["episodes"]]
-    assert len(ids) == len(set(ids))
-    assert "restarted from the checkpoint of step" in console(run_dir)
-
-
-def test_a_killed_replay_buffer_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_path):
-    """The replay buffer is not respawned (its episodes would be lost with it): its death ends
-    the run with one line naming it, how it died and what the same command does."""
-    run_dir = tmp_path / "buffer"
-    proc = grpo(run_dir)
-    try:
-        kill_one_after_3_steps(proc, run_dir, lambda pid: actor_processes(pid, "replaybuffer-0"), 1)
-        assert proc.wait(timeout=300) == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    (line,) = [x for x in console(run_dir).splitlines() if x.startswith("forge: run failed")]
-    assert "ReplayBuffer's process was killed by SIGKILL" in line, line
-    checkpoint = int(re.search(r"resumes the run from its checkpoint of step (\d+)", line)[1])
-    finish(grpo(run_dir), run_dir)  # the same command
-    assert f"resuming at step {checkpoint}" in console(run_dir)
-    assert [m["step"] for m in metrics(run_dir)] == list(range(1, STEPS + 1))
-    ids = [e for r in trained(run_dir) for e in r["episodes"]]
-    assert len(ids) == len(set(ids)) == STEPS * 8  # none trained twice, none lost
-
-
-@contextlib.contextmanager
-def memory_cgroup(limit: int) -> Iterator[Path]:
-    """A new memory cgroup (v1 or v2) whose processes may take `limit` bytes more than they had
-    when they joined it (a process's earlier pages stay charged where they were); yields its
-    `cgroup.procs`, to move a process in. Removed once its processes are gone."""
-    root, name = Path("/sys/fs/cgroup"), f"forge-test-oom-{uuid.uuid4().hex[:8]}"
-    v2 = (root / "cgroup.controllers").exists()
-    group = root / name if v2 else root / "memory" / name
-    group.mkdir()
-    try:
-        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
-        yield group / "cgroup.procs"
-    finally:
-        deadline = time.monotonic() + 30
-        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        group.rmdir()
 
 
 def test_a_trainer_the_oom_killer_ends_is_named_and_restarted(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helper_cgroup import memory_cgroup
 
 from forge.envs import sandbox as sandbox_module
 from forge.envs.sandbox import Sandbox, SandboxConfig
@@ -179,3 +180,33 @@ async def test_a_file_past_the_size_limit_is_refused(sandbox):
     box = Sandbox(dataclasses.replace(LIMITS, file_mb=1))
     result = await box.run("open('big', 'wb').write(b'x' * (2 << 20))")
     assert result.status == "error" and "File too large" in result.stderr, result
+
+
+def test_the_limits_of_the_cgroup_that_runs_the_sandbox_bound_its_code(sandbox, tmp_path):
+    """A process in a memory cgroup of 128 MB (a SLURM job's, a systemd unit's) runs a sandbox
+    that allows 1 GB: the sandbox's group is made inside that cgroup, so code taking 256 MB is
+    stopped there; the same call run from outside it completes."""
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        "import asyncio, json\n"
+        "from forge.envs.sandbox import Sandbox, SandboxConfig\n"
+        "box = Sandbox(SandboxConfig(memory_mb=1024, timeout_s=30))\n"
+        "where = asyncio.run(box.run('print(open(\"/proc/self/cgroup\").read())')).stdout\n"
+        'big = asyncio.run(box.run(\'x = bytearray(256 << 20); x[::4096] = b"1" * len(x[::4096]);'
+        ' print("allocated")\'))\n'
+        "print(json.dumps({'where': where, 'status': big.status, 'stdout': big.stdout}))\n"
+    )
+
+    def run(*prefix: str) -> dict:
+        command = [*prefix, sys.executable, str(runner)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(done.stdout.splitlines()[-1])
+
+    outside = run()
+    assert outside["status"] == "ok" and outside["stdout"] == "allocated\n"
+    with memory_cgroup(128 << 20) as procs:
+        inside = run("sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh")
+    group = procs.parent.name
+    memory = next(x for x in inside["where"].splitlines() if "memory" in x or x.startswith("0::"))
+    assert f"/{group}/forge-sandbox-" in memory, inside["where"]
+    assert inside["status"] != "ok" and "allocated" not in inside["stdout"], inside

@@ -2,7 +2,8 @@
 namespaces on this machine, forge-node1 and forge-node2, each with its own hostname, address
 and network stack, joined by a bridge. A tiny GRPO run submitted there puts its trainer on one
 node and its generator on the other; the weights cross between the two addresses over
-torchstore. Killing every process of the generator's node loses that node mid-run. A Jupyter
+torchstore. Killing every process of a node loses it mid-run: the node of the trainer's second
+rank, or of one of two generator replicas. A Jupyter
 kernel outside the cluster's namespaces drives a run on both nodes interactively.
 
 Skipped where the partition is not up (a machine that refuses network namespaces); CI sets
@@ -128,19 +129,24 @@ def test_a_run_over_both_nodes_trains_as_it_does_on_one(tmp_path):
     assert _figures(run_dir, "rollout/reward") == pytest.approx(reward, rel=1e-12)
 
 
-def test_a_lost_node_requeues_the_job_and_the_run_resumes_from_its_checkpoint(tmp_path):
-    """Every process of the generator's node is killed after step 3 (a checkpoint at step 2):
-    the driver names the node in one line and the job requeues itself; once the node is back,
-    the same job resumes from the newest checkpoint and takes each step once, and no episode
-    is trained twice."""
+def test_a_lost_trainer_node_requeues_the_job_and_the_run_resumes_from_its_checkpoint(tmp_path):
+    """The trainer spans both nodes (a rank on each), the generator beside its first rank.
+    Every process of the second node is killed after step 3 (a checkpoint at step 2): the
+    trainer's pending call finds its host lost by the provisioner's probe (Monarch would report
+    its process dead minutes later), the driver names the node in one line and the job
+    requeues itself; once the node is back, the same job resumes from the newest checkpoint
+    and takes each step once, and no episode is trained twice."""
     run_dir, steps = tmp_path / "run", 8
-    args = (f"steps={steps}", "trainer.checkpoint.interval=2", *TWO_HOSTS)
+    one_core_each = ("trainer_resources.cpus_per_proc=1", "generator_resources.cpus_per_proc=1")
+    args = (f"steps={steps}", "trainer.checkpoint.interval=2", *TWO_HOSTS, *one_core_each)
+    args += ("trainer_resources.hosts=2",)
     out = submit_grpo(run_dir, free_port(), "--nodes=2", *args, partition=PARTITION)
     job, log = submitted(out, run_dir)
     try:
         wait_until(lambda: len(_logged(run_dir)) >= 3, "three steps", log)
         placement = json.loads((run_dir / "placement.json").read_text())
-        (node,) = next(m["hosts"] for m in placement if m["mesh"] == "Generator")
+        hosts = {m["mesh"]: m["hosts"] for m in placement}
+        (node,) = set(hosts["TitanTrainer"]) - set(hosts["Generator"])
         _kill_node(node)
         wait_until(lambda: "forge: run failed" in log.read_text(), "the loss noticed", log, 60)
         (failed,) = [line for line in log.read_text().splitlines() if "run failed" in line]
