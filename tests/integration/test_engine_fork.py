@@ -1,7 +1,8 @@
 """An engine core forked from forge's forkserver (`vllm_compat.preload_engine_cores`) samples
 the same tokens, with the same logprobs, as the engine core vLLM spawns itself: the engine
 arguments a Generator starts with, seeded sampling at temperature 1, a tiny model. The
-forkserver's socket lives in a forge shared-memory folder of the caller, gone when it ends."""
+forkserver's socket and the engine core's rendezvous file live in a forge shared-memory folder
+of the caller, gone when it ends."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ from forge.weights.shm_folders import SHM_ROOT
 pytestmark = pytest.mark.integration
 
 SCRIPT = """
-import asyncio, json, multiprocessing.util, sys
+import asyncio, json, multiprocessing.util, os, sys
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.vllm import vllm_compat
@@ -44,14 +45,16 @@ if __name__ == "__main__":
     engine = start_engine(cfg, WeightSyncConfig(), cfg.model)
     try:
         made = asyncio.run(sample(engine))
-        print(json.dumps({"sampled": made, "tempdir": multiprocessing.util.get_temp_dir()}))
+        tempdir = multiprocessing.util.get_temp_dir()
+        print(json.dumps({"sampled": made, "tempdir": tempdir, "files": os.listdir(tempdir)}))
     finally:
         engine.shutdown()
 """
 
 
-def sampled(how: str, script) -> tuple[list, Path]:
-    """The samples, and the multiprocessing temp folder the script's process used."""
+def sampled(how: str, script) -> tuple[list, Path, list[str]]:
+    """The samples, the multiprocessing temp folder the script's process used, and the files
+    in it while the engine ran."""
     done = subprocess.run(
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=300
     )
@@ -59,14 +62,19 @@ def sampled(how: str, script) -> tuple[list, Path]:
     # vLLM logs to stdout too, and may do so after the script's line (its shutdown).
     (line,) = [x for x in done.stdout.splitlines() if x.startswith('{"sampled"')]
     out = json.loads(line)
-    return out["sampled"], Path(out["tempdir"])
+    return out["sampled"], Path(out["tempdir"]), out["files"]
 
 
 def test_forked_engine_core_samples_what_a_spawned_one_does(tmp_path):
     script = tmp_path / "sample.py"
     script.write_text(SCRIPT)
-    (spawned, _), (forked, tempdir) = sampled("spawned", script), sampled("forked", script)
+    (spawned, _, _), (forked, tempdir, files) = (
+        sampled("spawned", script),
+        sampled("forked", script),
+    )
     assert tempdir.parent == SHM_ROOT and tempdir.name.startswith("forge-mp-"), tempdir
+    # The engine core's rendezvous file too: left by a killed engine core, but not in /tmp.
+    assert any(f.startswith("vllm_dist_") for f in files), files
     assert not tempdir.exists()
     assert [tokens for tokens, _ in spawned] == [tokens for tokens, _ in forked]
     assert all(len(tokens) == 24 for tokens, _ in forked)

@@ -20,6 +20,7 @@ import multiprocessing.context
 import multiprocessing.forkserver
 import multiprocessing.process
 import os
+import tempfile
 
 from forge.weights.shm_folders import ShmFolder
 
@@ -50,6 +51,10 @@ class EngineCoreProcess(multiprocessing.context.ForkServerProcess):
         for key in os.environ.keys() - callers.keys():
             del os.environ[key]
         os.environ.update({k: v for k, v in callers.items() if os.environ.get(k) != v})
+        # vLLM 0.32's engine core meets its workers through a file in the temp folder
+        # (vllm_dist_<uuid>, a torch FileStore), which a killed engine core leaves behind:
+        # it goes in the generator's socket folder, removed even then (_own_socket_folder).
+        tempfile.tempdir = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.tempdir
         try:
             super().run()
         finally:
