@@ -147,8 +147,8 @@ class Chaos:
         while self._steps() <= step:
             if proc.poll() == 0:
                 return  # finished meanwhile
-            self._family(proc.pid)
             assert proc.poll() is None, f"the run ended: {console(self.run_dir)[-1500:]}"
+            self._family(proc.pid)  # noted in `seen` while it runs
             assert time.monotonic() < deadline, f"no step after step {step}"
             time.sleep(0.2)
 

@@ -113,16 +113,18 @@ class SFT(Run):
             step = self.version + 1
             try:
                 await self.train_on_next_batch(step)
+                await self.log_step(step, start)
+                # After the step's row: killed in between, the run resumes from the previous
+                # checkpoint and takes the step again, rather than with the step's row lost.
+                await self.lifecycle.checkpoint(step, self.state_dict)
             except TrainerDied as e:
                 await self.restart_trainer(e)
                 # The batches after the checkpoint are trained again, in the same order.
                 state = self.folder.load_driver_state(self.version) or self.first_state
                 await self.load_state_dict(state)
-                continue
-            await self.log_step(step, start)
 
     async def train_on_next_batch(self, step: int) -> None:
-        """One step on the next batch; publish and evaluate when due; checkpoint when due."""
+        """One step on the next batch; publish and evaluate when due."""
         batch = next(self.batches)
         episodes = [sft_episode(e, f"{step}-{i}") for i, e in enumerate(batch)]
         record_metric("train/padding_fraction", padding_fraction(episodes))
@@ -135,7 +137,6 @@ class SFT(Run):
                 # The loss first: it joins the eval that publishing starts.
                 self.evaluator.attach(step, {"loss": await self.eval_loss()})
                 await self.sync.publish(step, self.version)
-        await self.lifecycle.checkpoint(step, self.state_dict)
 
     async def eval_loss(self) -> float:
         """The trainer's loss on the held-out rows' reference answers, batch by batch."""

@@ -358,21 +358,26 @@ class RLLoop(Run):
             self.stop.clear()
             ahead = self.gate.limit // self.cfg.group_size
             self.workers = [asyncio.ensure_future(self.rollout_worker()) for _ in range(ahead)]
-        logged = []
+        logged: list[dict[str, float]] = []  # of steps first + 1, first + 2, ...
         self.step_ended = time.perf_counter()
-        target = self.version + n
+        first = self.version
+        target = first + n
         while self.version < target:
             step = self.version + 1
             try:
                 if not self.cfg.asynchronous:
                     await self.sync_rollouts()
                 await self.train_step(step)
+                record_metric("generator/idle_fraction", self.rollouts.busy.idle_fraction())
+                logged.append(await self.log_step(step, self.started))
+                # After the step's row: killed in between, the run resumes from the previous
+                # checkpoint and takes the step again, rather than with the step's row lost.
                 await self.lifecycle.checkpoint(step, self.state_dict)
             except TrainerDied as e:
                 await self.restart_trainer(e)  # back at its checkpoint: those steps again
+                del logged[max(0, self.version - first) :]  # the rows of steps to redo
+                first = min(first, self.version)
                 continue
-            record_metric("generator/idle_fraction", self.rollouts.busy.idle_fraction())
-            logged.append(await self.log_step(step, self.started))
             self.placer.measured(time.perf_counter() - self.step_ended)
             self.step_ended = time.perf_counter()
             if on_step is not None:

@@ -21,7 +21,9 @@ from helper_runs import (
     wait_for_steps,
 )
 
+from forge.actors.trainer.checkpointing import complete_steps, step_folder
 from forge.loop.record.batches import BatchRecord
+from forge.loop.run_folder import DRIVER_STATE
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +78,13 @@ def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_pa
     assert [r["episodes"] for r in trained(runs["sync"])] == [
         r["episodes"] for r in trained(runs["uninterrupted"])
     ]
+
+    # Each checkpoint is written after its step's row, so no kill can leave one of a step the
+    # metrics do not show (a resumed run would then lack that step's row).
+    written = {m["step"]: m["time"] for m in metrics(runs["uninterrupted"])}
+    checkpoints = runs["uninterrupted"] / "checkpoints"
+    for step in complete_steps(checkpoints):
+        assert (step_folder(checkpoints, step) / DRIVER_STATE).stat().st_mtime >= written[step]
 
     # The killed runs' records hold each step once, and their training replays exactly: the
     # async run's whole, the sync run's last step (from its checkpoint, one rank).
