@@ -1,7 +1,8 @@
 """Chaos soak: what SIGKILLing a run's processes, one after another, costs it.
 
 One tiny async GRPO run with every role (tests/helper_chaos.py's agent run: environments in
-two replicas, a reward function, a KL reference) runs `--steps` steps twice: undisturbed, then
+two replicas, a reward function, a KL reference) runs `--steps` steps (by default what the
+kills need: `steps_for`) twice: undisturbed, then
 with `--kills` SIGKILLs of seeded random roles, the driver included, each after the run has
 logged a step since the last one and a seeded delay of up to `--delay` seconds; where a kill
 ends the run, the same command runs again. Recorded: the kills survived (the run ends with
@@ -10,7 +11,7 @@ driver's steps after its checkpoint), the time lost per kill (chaos wall - undis
 over the kills), the seconds from each role's kill to the next step, and chaos / undisturbed
 wall.
 
-    python bench/chaos.py [--steps 40] [--kills 20] [--delay 3] [--seed 0]
+    python bench/chaos.py [--kills 20] [--steps N] [--delay 3] [--seed 0]
 """
 
 import argparse
@@ -32,7 +33,7 @@ sys.path.insert(0, str(TESTS))  # the chaos schedule and the run are the chaos t
 # The runs' processes import the test's reward function.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
 
-from helper_chaos import ENDS_RUN, Chaos, agent_run  # noqa: E402
+from helper_chaos import ENDS_RUN, Chaos, agent_run, steps_for  # noqa: E402
 from helper_runs import finish, metrics  # noqa: E402
 
 
@@ -55,6 +56,7 @@ def redone_steps(chaos: Chaos) -> int:
 
 
 def main(args: argparse.Namespace) -> None:
+    args.steps = args.steps or steps_for(args.kills)
     folder = scratch_folder("chaos")
     clean_s = undisturbed(folder, args.steps)
     say(f"undisturbed: {args.steps} steps in {clean_s:.0f} s")
@@ -93,8 +95,8 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     library_output_to_log("chaos")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--steps", type=int, help="default: steps_for(kills)")
     parser.add_argument("--delay", type=float, default=3.0, help="most seconds before a kill")
     parser.add_argument("--seed", type=int, default=0)
     main(parser.parse_args())

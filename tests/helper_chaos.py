@@ -2,9 +2,11 @@
 `forge run`, the driver itself included, and starts the same command again where a kill ended
 the run. Used by tests/e2e/test_chaos.py and bench/chaos.py's soak.
 
-A kill waits for the run to have logged a step since the previous kill (it recovered), then for
-a seeded delay: kills land at varied points of a step, never on a run that has not recovered
-from the last one, however slow the machine.
+A kill waits for the run to have logged a step after the previous kill (it recovered: a row
+written later than the kill, not one of a step that was finishing as it landed), then for a
+seeded delay: kills land at varied points of a step, never on a run that has not recovered
+from the last one, however slow the machine. A run needs about two steps a kill
+(`steps_for`).
 """
 
 import os
@@ -28,9 +30,12 @@ def _monarch(mesh: str) -> Callable[[int], list[int]]:
     def find(driver: int) -> list[int]:
         found = []
         for p in descendants(driver):
-            name = p.environ().get("HYPERACTOR_PROCESS_NAME", "")
+            try:
+                name, command = p.environ().get("HYPERACTOR_PROCESS_NAME", ""), p.cmdline()
+            except psutil.NoSuchProcess:
+                continue  # ended meanwhile
             if name.startswith(f"{mesh}-") and name.endswith(f" @ {socket.gethostname()}"):
-                if "bootstrap_main" in " ".join(p.cmdline()):
+                if "bootstrap_main" in " ".join(command):
                     found.append(p.pid)
         return found
 
@@ -52,6 +57,12 @@ ROLES: dict[str, Callable[[int], list[int]]] = {
 }
 # Whose death ends the run (docs/run_folder.md, "When a process dies"): the command is run again.
 ENDS_RUN = frozenset({"replay buffer", "driver"})
+
+
+def steps_for(kills: int) -> int:
+    """Steps a run needs for `kills` kills: one to recover from each, about one that the delay
+    before the next lets pass, and a few to start and end."""
+    return 2 * kills + 4
 
 
 def agent_run(run_dir: Path, steps: int, kills: int) -> subprocess.Popen:
@@ -81,6 +92,7 @@ class Kill:
     pid: int
     at_step: int
     at: float = field(default_factory=time.monotonic)
+    wall: float = field(default_factory=time.time)  # comparable with metrics rows' "time"
     recovered_s: float = 0.0
     ended_run: bool = False
 
@@ -111,13 +123,17 @@ class Chaos:
         rng = random.Random(self.seed + 1)
         proc = self.start()
         try:
-            self._wait_for_a_step_after(proc, 0)
+            self._wait_for_a_step_after(proc, 0.0)
             for role in self.schedule():
                 time.sleep(rng.uniform(0, self.max_delay_s))  # where in a step it lands
                 proc = self._kill(proc, role)
-                self._wait_for_a_step_after(proc, self.done[-1].at_step)
+                self._wait_for_a_step_after(proc, self.done[-1].wall)
                 self.done[-1].recovered_s = time.monotonic() - self.done[-1].at
-            code = proc.wait(timeout=self.timeout_s)
+            deadline = time.monotonic() + self.timeout_s
+            while (code := proc.poll()) is None:  # noting what it starts to its end
+                self._family(proc.pid)
+                assert time.monotonic() < deadline, "the run did not end"
+                time.sleep(0.2)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -125,6 +141,7 @@ class Chaos:
         return code
 
     def _kill(self, proc: subprocess.Popen, role: str) -> subprocess.Popen:
+        assert proc.poll() is None, f"the run ended before kill {len(self.done) + 1}: more steps"
         family = self._family(proc.pid)  # before: a dead driver's children are no longer its
         victims = ROLES[role](proc.pid)
         assert victims, f"no {role} process to kill"
@@ -142,19 +159,20 @@ class Chaos:
         assert not alive, f"left running after the {role} died: {[p.pid for p in alive]}"
         return self.start()  # the same command
 
-    def _wait_for_a_step_after(self, proc: subprocess.Popen, step: int) -> None:
+    def _wait_for_a_step_after(self, proc: subprocess.Popen, wall: float) -> None:
+        """Until the run logs a step later than `wall` (time.time())."""
         deadline = time.monotonic() + self.timeout_s
-        while self._steps() <= step:
-            if proc.poll() == 0:
-                return  # finished meanwhile
+        while not any(row["time"] > wall for row in self._rows()):
             assert proc.poll() is None, f"the run ended: {console(self.run_dir)[-1500:]}"
             self._family(proc.pid)  # noted in `seen` while it runs
-            assert time.monotonic() < deadline, f"no step after step {step}"
+            assert time.monotonic() < deadline, "no step after the kill"
             time.sleep(0.2)
 
+    def _rows(self) -> list[dict]:
+        return metrics(self.run_dir) if (self.run_dir / "metrics.jsonl").exists() else []
+
     def _steps(self) -> int:
-        log = self.run_dir / "metrics.jsonl"
-        return len(metrics(self.run_dir)) if log.exists() else 0
+        return len(self._rows())
 
     def _family(self, driver: int) -> list[psutil.Process]:
         """The driver and its descendants, each noted in `seen`."""
@@ -166,13 +184,23 @@ class Chaos:
                 pass
         return family
 
-    def left_running(self) -> list[int]:
-        """Processes of the run seen alive during it that still run."""
-        left = []
+    def left_running(self, timeout: float = 30.0) -> list[int]:
+        """Processes of the run seen alive during it that still run `timeout` seconds on (those
+        just exiting are given that long; a zombie has ended)."""
+        ours = []
         for pid, created in self.seen:
             try:
-                if psutil.Process(pid).create_time() == created:
-                    left.append(pid)
+                p = psutil.Process(pid)
+                if p.create_time() == created and _running(p):
+                    ours.append(p)
             except psutil.NoSuchProcess:
                 pass
-        return left
+        _, alive = psutil.wait_procs(ours, timeout=timeout)
+        return [p.pid for p in alive if _running(p)]
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

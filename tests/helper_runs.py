@@ -6,7 +6,6 @@ import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -138,14 +137,6 @@ def processes_with_env(driver: int, key: str, value: str) -> list[int]:
     """Pids of the driver's descendant processes started with `key=value` in their
     environment (a role's `env` in the config marks its processes)."""
     return [p.pid for p in descendants(driver) if p.environ().get(key) == value]
-
-
-def actor_processes(driver: int, mesh: str) -> list[int]:
-    """Pids of the driver's Monarch processes of the proc mesh named `mesh` ("replaybuffer-0"):
-    not the processes they started, which inherit the name Monarch gives them."""
-    name = f"{mesh} @ {socket.gethostname()}"
-    named = processes_with_env(driver, "HYPERACTOR_PROCESS_NAME", name)
-    return [pid for pid in named if "bootstrap_main" in " ".join(psutil.Process(pid).cmdline())]
 
 
 def shm_mapped(driver: int) -> tuple[set[Path], list[psutil.Process]]:

@@ -228,28 +228,38 @@ def _kill_session(pid: int) -> None:
 def _cgroup_kind() -> Literal["v1", "v2"] | None:
     """The cgroup layout forge may create sandbox groups in, if any."""
     if (CGROUP_ROOT / "cgroup.controllers").exists():
-        kind, probe = "v2", _own_cgroup(None)
+        kind, probe = "v2", _parent_cgroup(None)
     elif (CGROUP_ROOT / "pids").is_dir() and (CGROUP_ROOT / "memory").is_dir():
-        kind, probe = "v1", _own_cgroup("pids")
+        kind, probe = "v1", _parent_cgroup("pids")
     else:
         return None
     return kind if os.access(probe, os.W_OK) else None
 
 
-def _own_cgroup(controller: str | None) -> Path:
-    """The cgroup folder this process is in: in `controller`'s hierarchy (v1), or v2's one.
+def _parent_cgroup(controller: str | None) -> Path:
+    """The cgroup folder a sandbox's groups are made in: inside this process's own group, so
+    that the limits of whatever runs forge (a SLURM job, a systemd unit) bound the sandboxed
+    code too.
 
-    A sandbox's groups are made inside it, so that the limits of whatever runs forge (a SLURM
-    job, a systemd unit) bound the sandboxed code too. Where that folder is not visible here
-    (a container that sees its own group as the root), the hierarchy's root.
+    v1: this process's group in `controller`'s hierarchy. v2: the nearest group, from this
+    process's own upwards, that hands the pids and memory controllers to its children (v2 lets
+    only a group with no processes of its own do so; SLURM's job step is one, its tasks sit in
+    a child). Where this process's group is not visible here (a container that sees its own
+    group as the root), the hierarchy's root.
     """
     root = CGROUP_ROOT if controller is None else CGROUP_ROOT / controller
     wanted = controller or ""  # v2's line names no controller: "0::/path"
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if wanted in controllers.split(","):
-            own = root / path.lstrip("/")
-            return own if own.is_dir() else root
+    lines = (line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines())
+    path = next((path for _, names, path in lines if wanted in names.split(",")), "/")
+    own = root / path.lstrip("/")
+    if not own.is_dir():
+        return root
+    if controller is not None:
+        return own
+    for group in (own, *own.parents):
+        handed = (group / "cgroup.subtree_control").read_text().split()
+        if group == root or {"pids", "memory"} <= set(handed):
+            return group
     return root
 
 
@@ -265,11 +275,11 @@ class _Cgroup:
     def create(cls, kind: Literal["v1", "v2"], cfg: SandboxConfig) -> "_Cgroup":
         name = f"forge-sandbox-{uuid.uuid4().hex[:12]}"
         if kind == "v2":
-            pids = mem = _own_cgroup(None) / name
+            pids = mem = _parent_cgroup(None) / name
             group = cls([pids], mem / "memory.events")
             limits = {"pids.max": pids, "memory.max": mem, "memory.swap.max": mem}
         else:
-            pids, mem = _own_cgroup("pids") / name, _own_cgroup("memory") / name
+            pids, mem = _parent_cgroup("pids") / name, _parent_cgroup("memory") / name
             group = cls([pids, mem], mem / "memory.oom_control")
             limits = {"pids.max": pids, "memory.limit_in_bytes": mem}
             if (mem.parent / "memory.memsw.limit_in_bytes").exists():  # swap counted too

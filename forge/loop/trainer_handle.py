@@ -19,7 +19,8 @@ from forge.controller import SupervisionError, get_provisioner
 from forge.data.episode import Episode
 from forge.placement.turns import Turns
 
-# How often the hosts of a trainer call still pending are probed (a service's health interval).
+# How often the hosts of a trainer call still pending are probed (as often as a service's
+# health checks by default, ServiceConfig.health_interval_s).
 HOST_PROBE_S = 2.0
 
 

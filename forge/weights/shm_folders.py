@@ -143,8 +143,12 @@ def _remove_where(root: Path, doomed: Callable[[Owner], bool]) -> list[tuple[Pat
 
 
 def folder_bytes(folder: Path) -> int:
-    """The bytes the files under `folder` hold."""
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    """The bytes the files under `folder` hold; 0 for one another process removes meanwhile
+    (two runs ending together each remove dead processes' folders)."""
+    try:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    except FileNotFoundError:
+        return 0
 
 
 def run_folder(run_dir: str | Path, root: Path = SHM_ROOT) -> Path:

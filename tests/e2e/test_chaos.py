@@ -10,15 +10,15 @@ runs the same command again, as a user or a scheduler would.
 import re
 
 import pytest
-from helper_chaos import ENDS_RUN, ROLES, Chaos, agent_run
+from helper_chaos import ENDS_RUN, ROLES, Chaos, agent_run, steps_for
 from helper_runs import forge_replay, metrics, trained
 
 from forge.weights.shm_folders import SHM_ROOT, owner_of, run_folder
 
 pytestmark = pytest.mark.integration
 
-STEPS = 16
 KILLS = len(ROLES)  # every role once
+STEPS = steps_for(KILLS)
 
 
 def test_a_run_whose_every_role_is_killed_ends_as_if_none_had_been(tmp_path):

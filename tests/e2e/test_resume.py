@@ -80,11 +80,13 @@ def test_a_killed_run_resumes_exactly_and_a_finished_one_is_not_run_again(tmp_pa
     ]
 
     # Each checkpoint is written after its step's row, so no kill can leave one of a step the
-    # metrics do not show (a resumed run would then lack that step's row).
+    # metrics do not show (a resumed run would then lack that step's row). A file's mtime is
+    # the kernel's coarse clock, up to a tick behind time.time().
     written = {m["step"]: m["time"] for m in metrics(runs["uninterrupted"])}
     checkpoints = runs["uninterrupted"] / "checkpoints"
     for step in complete_steps(checkpoints):
-        assert (step_folder(checkpoints, step) / DRIVER_STATE).stat().st_mtime >= written[step]
+        saved = (step_folder(checkpoints, step) / DRIVER_STATE).stat().st_mtime
+        assert saved >= written[step] - 0.01, step
 
     # The killed runs' records hold each step once, and their training replays exactly: the
     # async run's whole, the sync run's last step (from its checkpoint, one rank).
