@@ -10,6 +10,7 @@ own devices (see forge/placement/devices.py).
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, get_args
 
@@ -305,6 +306,21 @@ class Provisioner:
                     continue
                 self._lost[h] = HostLostError(why)
             raise self._lost[h]
+
+    async def probing_hosts(self, call: Awaitable[Any], mesh: Any, every_s: float) -> Any:
+        """Awaits `call`, probing the hosts `mesh` runs on (`check_hosts`) every `every_s`
+        meanwhile: Monarch reports a lost host's processes dead only minutes later.
+
+        Raises:
+            HostLostError: a host was lost first; the call is cancelled.
+        """
+        pending = asyncio.ensure_future(call)
+        try:
+            while not (await asyncio.wait({pending}, timeout=every_s))[0]:
+                await self.check_hosts(mesh)
+            return pending.result()
+        finally:
+            pending.cancel()
 
     def track_actor(self, actor: Any, mesh: ProcMesh) -> None:
         """Remembers which proc mesh an `as_actor` handle runs on, for `stop_actor`."""

@@ -9,7 +9,6 @@ trainer's devices (a step, an eval loss, logprobs, calibration, a push) takes th
 checkpoints and exports copy weights out and take none, as before.
 """
 
-import asyncio
 from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -119,14 +118,9 @@ class TrainerHandle:
                 meanwhile (probed every HOST_PROBE_S, as a service's replicas are; Monarch
                 reports a lost host's processes dead only minutes later).
         """
-        pending = asyncio.ensure_future(call)
         try:
-            while not (await asyncio.wait({pending}, timeout=HOST_PROBE_S))[0]:
-                await get_provisioner().check_hosts(self.mesh)
-            values = pending.result()
+            values = await get_provisioner().probing_hosts(call, self.mesh, HOST_PROBE_S)
         except SupervisionError as e:  # Monarch's account of it stays attached as the cause
             raise TrainerDied(f"a trainer process died during {what}") from e
-        finally:
-            pending.cancel()
         # Not .item(procs=0): meshes on a launcher's hosts also have "hosts".
         return list(values.values())

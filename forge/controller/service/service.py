@@ -363,15 +363,8 @@ class Service:
     async def _ping(self, replica: Replica) -> None:
         """The replica's `ping`; raises HostLostError if one of its hosts goes meanwhile
         (Monarch would take far longer to report its processes dead)."""
-        ping = asyncio.ensure_future(replica.actor.ping.call())
-        try:
-            while True:
-                done, _ = await asyncio.wait({ping}, timeout=self.cfg.health_interval_s)
-                if done:
-                    return ping.result()
-                await get_provisioner().check_hosts(replica.mesh)
-        finally:
-            ping.cancel()
+        ping = replica.actor.ping.call()
+        await get_provisioner().probing_hosts(ping, replica.mesh, self.cfg.health_interval_s)
 
     def _check_failed(self, replica: Replica, error: Exception) -> None:
         replica.metrics.check_errors += 1
