@@ -135,8 +135,16 @@ def processes_of(driver: int, marker: str) -> list[int]:
 
 def processes_with_env(driver: int, key: str, value: str) -> list[int]:
     """Pids of the driver's descendant processes started with `key=value` in their
-    environment (a role's `env` in the config marks its processes)."""
-    return [p.pid for p in descendants(driver) if p.environ().get(key) == value]
+    environment (a role's `env` in the config marks its processes), less those a marked process
+    started itself (they inherit the mark)."""
+    marked = {}
+    for p in descendants(driver):
+        try:
+            if p.environ().get(key) == value:
+                marked[p.pid] = p.ppid()
+        except psutil.NoSuchProcess:  # ended since it was listed
+            pass
+    return [pid for pid, parent in marked.items() if parent not in marked]
 
 
 def shm_mapped(driver: int) -> tuple[set[Path], list[psutil.Process]]:

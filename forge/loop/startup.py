@@ -82,12 +82,13 @@ async def start_parts(
     data, held_out = open_data(cfg)
     run_dir = Path(cfg.run_dir)
     folder = RunFolder(cfg.run_dir, cfg.trainer.checkpoint.folder)
+    continuing = folder.holds_run()
     resumed = folder.open(cfg, cfg.resume)
     folder.rewind(resumed)
     started = time.perf_counter()
     _open_startup_log(run_dir, opening)
     record("controller", "data", opening, time.time())
-    say(_summary(name, cfg, data, held_out) + (f" | resuming at step {resumed}" if resumed else ""))
+    say(_summary(name, cfg, data, held_out) + (_resuming(resumed) if continuing else ""))
     with phase("controller", "provisioner"):
         transport = await _start_provisioner(cfg, plan, exits)
     # The episodes' chat bridge needs the generators' tokenizer: loaded while they start.
@@ -203,6 +204,12 @@ def _rollouts(
 def _evaluator(cfg: RunConfig, held_out: EvalRows, rollouts: Rollouts, logs: RunLogs) -> Evaluator:
     held_out.write(Path(cfg.run_dir) / "eval_rows.jsonl")
     return Evaluator(held_out.rows, rollouts, cfg.eval, cfg.steps, logs)
+
+
+def _resuming(step: int) -> str:
+    """How a run its folder already holds goes on: from its newest checkpoint, or (where it
+    stopped before writing one) from the start, its logged steps taken again."""
+    return f" | resuming at step {step}" + ("" if step else " (no checkpoint yet: from the start)")
 
 
 def _summary(name: str, cfg: RunConfig, data: PromptDataset, held_out: EvalRows | None) -> str:

@@ -108,9 +108,12 @@ def test_a_trainer_the_oom_killer_ends_is_named_and_restarted(tmp_path):
     """After step 3 the trainer's process joins a cgroup whose memory limit its next pages
     exceed: the kernel's OOM killer ends it (a real limit, not a signal sent by the test).
     The console names the OOM killer, the rank and what the process held; the trainer is
-    restarted from its checkpoint, and the run takes each step once."""
+    restarted from its checkpoint, and the run takes each step once. The run is long enough
+    that the trainer still has steps to take (new pages to fault) however late the test
+    sees step 3."""
     run_dir = tmp_path / "oom"
-    proc = grpo(run_dir, "trainer_resources.env={FORGE_TEST_ROLE: trainer}")
+    steps = 3 * STEPS
+    proc = grpo(run_dir, f"steps={steps}", "trainer_resources.env={FORGE_TEST_ROLE: trainer}")
     try:
         with memory_cgroup(1 << 20) as procs:
             wait_for_steps(proc, run_dir, 3)
@@ -124,4 +127,4 @@ def test_a_trainer_the_oom_killer_ends_is_named_and_restarted(tmp_path):
     assert len(named) == 1, console(run_dir)
     assert f"the OOM killer ended rank 0 (pid {trainer}), holding " in named[0]
     assert "restarted from the checkpoint of step" in named[0]
-    assert [m["step"] for m in metrics(run_dir)] == list(range(1, STEPS + 1))
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
