@@ -4,23 +4,28 @@
 file in collection order when it runs low. xdist's default order (most tests first) left the
 few-test, many-minute end-to-end files for last, where one of them could run alone while the
 other worker sat idle. Seconds are from the last CI run's durations, with setup.
+test_slurm_nodes.py (~360 s) keeps its place at the end, well after test_slurm.py: its jobs take
+both of the test cluster's nodes.
 """
 
 import pytest
 
 SLOWEST_FIRST = (
-    "e2e/test_learning.py",  # ~2400 s: every SmolLM2 learning run, one after another
-    "e2e/test_grpo.py",  # ~600 s
-    "e2e/test_notebooks.py",  # ~620 s
-    "e2e/test_resume.py",  # ~370 s
+    "e2e/test_learning.py",  # ~1500 s: every SmolLM2 learning run, one after another
+    "e2e/test_notebooks.py",  # ~600 s
+    "e2e/test_grpo.py",  # ~540 s
+    "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
+    "e2e/test_chaos.py",  # ~380 s: one run killed nine times, relaunched twice
+    "integration/test_trainer.py",  # ~360 s
+    "e2e/test_replay.py",  # ~350 s
+    "e2e/test_resume.py",  # ~300 s
     "e2e/test_distillation.py",  # ~300 s
     "e2e/test_colocated.py",  # ~300 s
-    "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
     "integration/test_slurm.py",  # ~250 s
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
     "e2e/test_given_back.py",  # ~140 s
-    "e2e/test_stop_signals.py",  # ~80 s: two runs stopped by SIGTERM, one resumed
     "integration/test_generator_service.py",  # ~130 s
+    "e2e/test_stop_signals.py",  # ~80 s: two runs stopped by SIGTERM, one resumed
     "e2e/test_roles.py",  # ~60 s: SFT with eval off starts its trainer alone
 )
 

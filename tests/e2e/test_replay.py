@@ -1,14 +1,14 @@
 """`forge replay` re-runs recorded training steps bit-exactly: a step of an async GRPO run whose
 batches mixed policy versions and of a sync run, both on two FSDP ranks, and the whole async
 run, which ends on its final checkpoint's parameters (one rank: a distillation run's step in
-test_distillation.py; killed and resumed sync and async runs in test_resume.py). A what-if under
-the recorded settings reproduces the record, one under another clip differs, and keys that
-shape the batch are refused. The divergence guard keeps a batch that blows up
-(tests/helper_blow_up.py) from being applied, skipping it or stopping the run, and its replay
-command reproduces the blow-up. Tiny runs through `python -m forge run`, replays through
+test_distillation.py; a killed and resumed sync run in test_resume.py, an async one in
+test_chaos.py). A what-if under the recorded settings reproduces the record, one under another
+clip differs, and keys that shape the batch are refused. The divergence guard keeps a batch that
+blows up (tests/helper_blow_up.py) from being applied, skipping it or stopping the run, and its
+replay command reproduces the blow-up. Tiny runs through `python -m forge run`, replays through
 `python -m forge replay`; each replay starts a trainer, so one replay shows what it can (the
-async run's step 4 is replayed under its recorded clip: bit-exact, and a what-if that
-reproduces the record).
+async run's step 4 is replayed under its recorded clip: bit-exact, and a what-if that reproduces
+the record).
 """
 
 import re
