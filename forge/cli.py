@@ -53,6 +53,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     clean.set_defaults(command=_clean)
     _add_replay(commands)
+    _add_status(commands)
     _add_plan(commands)
     _add_config(commands)
     return parser
@@ -191,6 +193,42 @@ def _replay(args: argparse.Namespace, overrides: list[str]) -> None:
         say(f"forge: replay failed: {_gist(e)} ({log})")
         raise SystemExit(3) from e
     raise SystemExit(status)
+
+
+def _add_status(commands: Any) -> None:
+    status = commands.add_parser(
+        "status",
+        usage="forge status RUN_DIR [--watch SECONDS]",
+        help="show a run's step, pace, rewards and checkpoint, from its folder",
+        description="Read the run's folder: whether its driver runs (on this host), its step of "
+        "the config's steps, seconds a step and the time to go, the newest rollout and eval "
+        "rewards, each role's phases' share of the time, the newest checkpoint.",
+    )
+    status.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's folder")
+    status.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="show it again every SECONDS while the run runs",
+    )
+    status.set_defaults(command=_status)
+
+
+def _status(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge status`: the run folder's view of its run, once or while it runs."""
+    from forge.loop.status import read_status, render
+
+    if overrides:
+        _fail(f"status: unexpected arguments {' '.join(overrides)}")
+    try:
+        status = read_status(args.run_dir)
+        while args.watch and status.state == "running":
+            print(render(status) + "\n", flush=True)
+            time.sleep(args.watch)
+            status = read_status(args.run_dir)
+    except FileNotFoundError as e:
+        _fail(f"status: {e}")
+    print(render(status))
 
 
 def _submit(args: argparse.Namespace, overrides: list[str]) -> None:

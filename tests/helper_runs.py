@@ -78,6 +78,15 @@ def forge_replay(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
+def forge_status(run_dir: Path) -> str:
+    """What `forge status <run_dir>` prints; fails unless it exits 0."""
+    cmd = [sys.executable, "-m", "forge", "status", str(run_dir)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)
+    return done.stdout
+
+
 def console(run_dir: Path) -> str:
     """What the last `forge_run` of `run_dir` printed."""
     return (run_dir.parent / f"{run_dir.name}.log").read_text()

@@ -19,6 +19,7 @@ from monarch.actor import HostMesh, ProcMesh, default_bootstrap_cmd
 
 from forge.config import at_least, positive
 from forge.controller.hosts import HostLauncher, LocalLauncher, ProcessLauncher
+from forge.controller.library_output import library_output_by_default
 from forge.controller.monarch_compat import stop_proc_mesh, tolerate_starved_processes
 from forge.controller.slurm.config import SlurmConfig
 from forge.controller.slurm.launcher import SlurmLauncher
@@ -162,6 +163,7 @@ class Provisioner:
         self._placed_more = asyncio.Condition()
         monarch.actor.unhandled_fault_hook = _log_fault
         tolerate_starved_processes()
+        library_output_by_default()  # before any process inherits the kernel's descriptors
         self._launcher.prepare()
 
     def _start_hosts(self) -> None:

@@ -1,8 +1,9 @@
 """A PNG of a run's key metrics over steps, drawn from its metrics.jsonl."""
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
+
+from forge.observability.jsonl import read_jsonl
 
 # Whether a GRPO run learns, stays near on-policy, and how fast it goes.
 PLOT_KEYS = ("rollout/reward", "train/mismatch_kl", "generator/tokens_per_s")
@@ -14,8 +15,7 @@ def plot_series(run_dir: str | Path, keys: Sequence[str]) -> dict[str, tuple[lis
     An eval's row stands under the step whose weights it scored (the starting weights': step
     0), written when the eval ended, after the rows of the steps trained meanwhile.
     """
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     rows.sort(key=lambda row: row["step"])
     series = {}
     for key in keys:

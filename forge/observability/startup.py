@@ -3,7 +3,7 @@
 Each line is one phase of one process, wall-clock seconds since the epoch:
 
     {"role": "Generator", "what": "vllm import", "start": 1796543701.2, "end": 1796543709.8,
-     "pid": 4242}
+     "pid": 4242, "host": "node-1"}
 
 The controller names the file in `FORGE_STARTUP_LOG` before it spawns anything, so every
 process it starts inherits it and appends its own phases (`phase`); a process started without
@@ -12,10 +12,13 @@ it records nothing. `read_phases` reads the file back; `bench/startup.py` draws 
 
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from forge.observability.jsonl import read_jsonl
 
 ENV = "FORGE_STARTUP_LOG"
 
@@ -25,7 +28,8 @@ def record(role: str, what: str, start: float, end: float) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    line = {"role": role, "what": what, "start": start, "end": end, "pid": os.getpid()}
+    line = {"role": role, "what": what, "start": start, "end": end, "pid": os.getpid(),
+            "host": socket.gethostname()}  # fmt: skip
     # One short write per line in append mode: processes writing at once do not interleave.
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
@@ -57,7 +61,4 @@ def process_started() -> float:
 
 def read_phases(path: str | Path) -> list[dict]:
     """The phases a start-up log holds, in the order they ended."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)

@@ -8,8 +8,9 @@ process that did it). A generator generates, evaluates and prepares a version at
 prepare are drawn as thinner bars over generation, and pauses and swaps over all.
 """
 
-import json
 from pathlib import Path
+
+from forge.observability.jsonl import read_jsonl
 
 # In drawing order, with each bar's height: later ones are drawn over earlier ones.
 COLOURS = {
@@ -24,9 +25,9 @@ HEIGHTS = {"eval": 0.3, "prepare": 0.3}
 
 
 def read_timeline(run_dir: str | Path) -> list[dict]:
-    """The intervals of run_dir/timeline.jsonl, in the order they were written."""
-    path = Path(run_dir) / "timeline.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The intervals of run_dir/timeline.jsonl, in the order they were written (of a running
+    run: less a last line still being written)."""
+    return read_jsonl(Path(run_dir) / "timeline.jsonl")
 
 
 def plot_timeline(run_dir: str | Path) -> Path | None:

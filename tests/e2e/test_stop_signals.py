@@ -1,7 +1,9 @@
 """SIGTERM (a scheduler, `kill`, `docker stop`) ends a run as Ctrl-C does, within its grace
 period; a second SIGTERM ends it at once. Either way no process and no shared memory is left,
-and the exit status is 143 (128 + SIGTERM), as a batch script expects."""
+and the exit status is 143 (128 + SIGTERM), as a batch script expects. `forge status` tells the
+run running, stopped and, resumed to its end, finished."""
 
+import re
 import signal
 
 import psutil
@@ -10,6 +12,7 @@ from helper_runs import (
     console,
     finish,
     forge_run,
+    forge_status,
     metrics,
     shm_mapped,
     trained,
@@ -44,6 +47,10 @@ async def test_sigterm_ends_a_run_as_ctrl_c_does_and_a_second_one_ends_it_at_onc
             mapped, tree = shm_mapped(procs[name].pid)
             ours[name] = mapped | {run_folder(run_dir)}
             processes += tree[1:]
+        running = forge_status(runs["once"])
+        assert f"running (pid {procs['once'].pid}), step " in running
+        step = int(re.search(r"step (\d+) of 1000", running)[1])
+        assert step >= 2 and "s/step" in running and "to go" in running
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
         taken = "a second signal ends it at once"
@@ -69,9 +76,12 @@ async def test_sigterm_ends_a_run_as_ctrl_c_does_and_a_second_one_ends_it_at_onc
     assert logged == list(range(1, len(logged) + 1)) and latest_step(
         runs["once"] / "checkpoints"
     ) == len(logged)
+    stopped = f"stopped (the same command resumes it), step {len(logged)} of 1000, checkpoint "
+    assert stopped + str(len(logged)) in forge_status(runs["once"])
     more = len(logged) + 2
     finish(forge_run("grpo", TINY, runs["once"], f"steps={more}", *ONCE), runs["once"])
     assert f"resuming at step {len(logged)}" in console(runs["once"])
+    assert f"finished, step {more} of {more}, checkpoint {more}" in forge_status(runs["once"])
     assert [m["step"] for m in metrics(runs["once"])] == list(range(1, more + 1))
     episodes = [e for record in trained(runs["once"]) for e in record["episodes"]]
     assert len(episodes) == len(set(episodes))  # none trained twice
