@@ -207,9 +207,9 @@ def _add_status(commands: Any) -> None:
     status.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's folder")
     status.add_argument(
         "--watch",
-        type=float,
+        type=_positive_seconds,
         metavar="SECONDS",
-        help="show it again every SECONDS while the run runs",
+        help="show it again every SECONDS while the run runs (here or on another host)",
     )
     status.set_defaults(command=_status)
 
@@ -222,13 +222,22 @@ def _status(args: argparse.Namespace, overrides: list[str]) -> None:
         _fail(f"status: unexpected arguments {' '.join(overrides)}")
     try:
         status = read_status(args.run_dir)
-        while args.watch and status.state == "running":
+        while args.watch and status.state in ("running", "elsewhere"):
             print(render(status) + "\n", flush=True)
             time.sleep(args.watch)
             status = read_status(args.run_dir)
     except FileNotFoundError as e:
         _fail(f"status: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
     print(render(status))
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: seconds must be more than 0")
+    return seconds
 
 
 def _submit(args: argparse.Namespace, overrides: list[str]) -> None:

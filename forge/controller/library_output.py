@@ -60,7 +60,10 @@ def library_output_by_default() -> Path | None:
     runs/notebooks/kernel-<pid>.log; returns that file (None: not a kernel, or already sent)."""
     if _log is not None or not _in_kernel():
         return None
-    return library_output_to(Path("runs") / "notebooks" / f"kernel-{os.getpid()}.log")
+    try:
+        return library_output_to(Path("runs") / "notebooks" / f"kernel-{os.getpid()}.log")
+    except OSError:  # a folder the kernel cannot write to: the cells keep the output
+        return None
 
 
 def _in_kernel() -> bool:

@@ -88,7 +88,10 @@ class RunFolder:
                 "(pass a larger steps= to continue it)"
             )
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / CONFIG).write_text(yaml.safe_dump(config_dict(cfg), sort_keys=False))
+        # Whole or not at all: `forge status` may read it at any moment.
+        tmp = self.path / f"{CONFIG}.tmp"
+        tmp.write_text(yaml.safe_dump(config_dict(cfg), sort_keys=False))
+        tmp.replace(self.path / CONFIG)
         return step
 
     def _check_same_run(self, cfg: Any) -> None:

@@ -22,7 +22,7 @@ import yaml
 from forge.actors.trainer.checkpointing import latest_step
 from forge.loop.run_folder import CHECKPOINTS, CONFIG
 from forge.observability.jsonl import read_jsonl
-from forge.observability.startup import read_phases
+from forge.observability.startup import process_started, read_phases
 from forge.observability.timeline import read_timeline
 
 State = Literal["running", "finished", "stopped", "elsewhere"]
@@ -68,19 +68,21 @@ def read_status(run_dir: str | Path) -> RunStatus:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     steps = [r for r in rows if EVAL_ROW not in r]
     evals = [r for r in rows if EVAL_ROW in r and "eval/reward" in r]
-    folder = cfg.get("trainer", {}).get("checkpoint", {}).get("folder") or run_dir / CHECKPOINTS
+    checkpoints = run_dir / CHECKPOINTS if cfg["trainer"]["checkpoint"]["enabled"] else None
     step = steps[-1]["step"] if steps else 0
-    pid, host = _driver(run_dir)
-    status = RunStatus(run_dir, _state(pid, host, step, cfg["steps"]), cfg["steps"], step,
-                       latest_step(folder), pid=pid, host=host)  # fmt: skip
+    pid, host, started = _driver(run_dir)
+    state = _state(pid, host, step, cfg["steps"])
+    status = RunStatus(run_dir, state, cfg["steps"], step, latest_step(checkpoints), pid, host)
     if steps:
         status.last_step_age_s = time.time() - steps[-1]["time"]
-        times = [r["time"] for r in steps[-PACE_STEPS - 1 :]]
-        if len(times) > 1:
-            status.s_per_step = median(b - a for a, b in itertools.pairwise(times))
-        rewards = [r["rollout/reward"] for r in steps if "rollout/reward" in r]
-        status.rollout_reward = rewards[-1] if rewards else None
-        status.phases = _phases(run_dir, steps[-min(len(steps), PACE_STEPS)]["step"], step)
+        status.rollout_reward = next(
+            (r["rollout/reward"] for r in reversed(steps) if "rollout/reward" in r), None
+        )
+    # The pace of the driver's own steps: a resumed run's first ones follow its downtime.
+    recent = [r for r in steps if r["time"] > started][-PACE_STEPS - 1 :]
+    if len(recent) > 1:
+        status.s_per_step = median(b["time"] - a["time"] for a, b in itertools.pairwise(recent))
+        status.phases = _phases(run_dir, recent[1]["step"], recent[-1]["step"])
     if evals:
         status.eval_reward = (evals[-1]["step"], evals[-1]["eval/reward"])
     return status
@@ -119,31 +121,33 @@ def render(status: RunStatus) -> str:
 
 
 def _state(pid: int | None, host: str | None, step: int, steps: int) -> State:
+    if step >= steps:  # a notebook's kernel, its driver, lives on after the run
+        return "finished"
     if pid is not None:
         return "running"
-    if step >= steps:
-        return "finished"
     return "elsewhere" if host not in (None, socket.gethostname()) else "stopped"
 
 
-def _driver(run_dir: Path) -> tuple[int | None, str | None]:
-    """The pid of the run's driver if it runs on this host (None if not), and its host."""
+def _driver(run_dir: Path) -> tuple[int | None, str | None, float]:
+    """The run's newest driver: its pid if it runs on this host (else None), its host, and
+    when it started (0.0: not recorded)."""
     boots = [
         r
         for r in read_phases(run_dir / "startup.jsonl")
         if r["role"] == "controller" and r["what"] == "process boot"
     ]
     if not boots:
-        return None, None
+        return None, None, 0.0
     boot = boots[-1]
-    host = boot.get("host")
+    host, pid = boot.get("host"), boot["pid"]
     if host not in (None, socket.gethostname()):
-        return None, host
-    try:  # psutil's start counts from the boot second (/proc/stat's btime): up to 1 s early
-        alive = abs(psutil.Process(boot["pid"]).create_time() - boot["start"]) < 2.0
-    except psutil.NoSuchProcess:
+        return None, host, boot["start"]
+    try:  # the same clock the driver recorded its start with; another process has another
+        alive = abs(process_started(pid) - boot["start"]) < 1.0
+        alive = alive and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):
         alive = False
-    return (boot["pid"] if alive else None), host
+    return (pid if alive else None), host, boot["start"]
 
 
 def _phases(run_dir: Path, first: int, last: int) -> dict[str, float]:

@@ -51,9 +51,14 @@ def booted(role: str) -> None:
         record(role, "process boot", process_started(), time.time())
 
 
-def process_started() -> float:
-    """This process's start, wall-clock: what its boot (interpreter, imports) began with."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+def process_started(pid: int | None = None) -> float:
+    """A process's start (this one's by default), wall-clock: what its boot (interpreter,
+    imports) began with.
+
+    Raises:
+        FileNotFoundError: no process `pid` runs on this host.
+    """
+    fields = Path(f"/proc/{pid or 'self'}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[19])  # starttime: clock ticks after boot (proc(5), field 22)
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
