@@ -1,4 +1,5 @@
-"""A memory cgroup a test moves a process into: real limits, not signals sent by the test."""
+"""Cgroups a test moves a process into: a memory limit, a freeze. Real limits, not signals sent
+by the test."""
 
 import contextlib
 import time
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+FREEZER = ("FROZEN", "THAWED")  # cgroup v1's freezer.state values
 
 
 @contextlib.contextmanager
@@ -39,3 +41,28 @@ def _remove(group: Path) -> None:
     while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
         time.sleep(0.1)
     group.rmdir()
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """Keeps process `pid` from running (cgroup v1's freezer or v2's cgroup.freeze) until the
+    block ends, then puts it back in its group. Unlike SIGSTOP, nothing but the test undoes it:
+    the kernel sends SIGCONT to the stopped members of a process group that becomes orphaned."""
+    v2 = (ROOT / "cgroup.controllers").exists()
+    hierarchy = ROOT if v2 else ROOT / "freezer"
+    (home,) = [
+        line.split(":", 2)[2]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        if line.split(":")[1] == ("" if v2 else "freezer")
+    ]
+    group = hierarchy / f"forge-test-freeze-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    (group / "cgroup.procs").write_text(str(pid))
+    state, freeze, thaw = ("cgroup.freeze", "1", "0") if v2 else ("freezer.state", *FREEZER)
+    try:
+        (group / state).write_text(freeze)
+        yield
+    finally:
+        (group / state).write_text(thaw)
+        (hierarchy / home.lstrip("/") / "cgroup.procs").write_text(str(pid))
+        group.rmdir()

@@ -2,13 +2,12 @@
 
 import asyncio
 import contextlib
-import os
-import signal
 import socket
 
 import psutil
 import pytest
 from helper_actors import Echo
+from helper_cgroup import frozen
 
 from forge.controller import (
     ProcessConfig,
@@ -128,15 +127,12 @@ async def test_a_process_starved_past_monarchs_default_wait_is_not_reported_dead
     try:
         actor = await Echo.options(procs=1).as_actor()
         pid, _ = await actor.work.call_one(0)
-        os.kill(pid, signal.SIGSTOP)  # as starved as a process can be
-        try:
+        with frozen(pid):  # as starved as a process can be
             pending = asyncio.ensure_future(actor.work.call_one(1))
             # The stimulus itself, not a wait for a condition: stalled past the default wait
             # plus Monarch's 10 s supervision poll.
             await asyncio.sleep(45)
             assert not pending.done(), pending
-        finally:
-            os.kill(pid, signal.SIGCONT)
         assert await pending == (pid, 1)
     finally:
         await shutdown()

@@ -11,10 +11,12 @@ two layers: the request layer (`requests.py`) and the weight-update controller
 pauses the engine only for the swap, in one of three modes (docs/architecture.md).
 """
 
+import contextlib
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from monarch.actor import endpoint
@@ -111,21 +113,22 @@ class Generator(ForgeActor):
         Chat messages get the model's chat template. `sampling` overrides SamplingConfig fields.
         `purpose` labels the call's time on the run's timeline (`busy_spans`).
         """
-        try:
-            with self._busy.busy(purpose):
-                return await self.requests.generate(prompt, n, sampling)
-        except Exception as e:
-            self._exit_if_engine_died(e)
-            raise
+        with self._busy.busy(purpose), self._ends_with_the_engine():
+            return await self.requests.generate(prompt, n, sampling)
 
-    def _exit_if_engine_died(self, error: Exception) -> None:
-        """A dead engine makes this a dead replica: end the process, so the service retries
-        its calls elsewhere and respawns it, instead of failing every call from now on."""
+    @contextlib.contextmanager
+    def _ends_with_the_engine(self) -> Iterator[None]:
+        """A dead engine makes this a dead replica: the process ends before the failed call's
+        error is sent, so the service sees a dead replica (retries its calls elsewhere, leaves
+        it out of a fanout, respawns it) instead of an error from every call from now on."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        if isinstance(error, EngineDeadError):
+        try:
+            yield
+        except EngineDeadError as error:
             logger.error("vLLM engine died (%s): ending this generator process", error)
             os.kill(os.getpid(), signal.SIGKILL)
+            raise
 
     # Concurrent, as generate is: while an update drains, the actor still answers health
     # checks, stats and metric pulls (the update controller runs one update at a time).
@@ -140,7 +143,8 @@ class Generator(ForgeActor):
         """
         if mode is not None:
             check_update_mode(mode)
-        return await self.updates.update(version, mode or self.cfg.update_mode)
+        with self._ends_with_the_engine():
+            return await self.updates.update(version, mode or self.cfg.update_mode)
 
     @concurrent_endpoint
     async def load_latest(self) -> int:
@@ -149,14 +153,16 @@ class Generator(ForgeActor):
         A version deleted before it could be loaded gives way to the newer one that replaced it,
         until `transport.fetch_timeout_s` has passed.
         """
-        return await self.updates.load_latest(self.cfg.update_mode)
+        with self._ends_with_the_engine():
+            return await self.updates.load_latest(self.cfg.update_mode)
 
     @endpoint
     async def loaded_checksum(self, name: str) -> str:
         """The manifest checksum of parameter `name` (HF name) as the engine holds it now: which
         weights it really serves. Parameters vLLM fuses or re-packs (qkv, CPU linear layers)
         differ from their checkpoint form; the input embedding does not."""
-        (result,) = await self.engine.collective_rpc("forge_checksum", args=(name,))
+        with self._ends_with_the_engine():
+            (result,) = await self.engine.collective_rpc("forge_checksum", args=(name,))
         return result
 
     @endpoint
