@@ -156,14 +156,16 @@ def _phases(run_dir: Path, first: int, last: int) -> dict[str, float]:
     if not spans:
         return {}
     wall = max(s["end"] for s in spans) - min(s["start"] for s in spans)
-    busy: dict[str, float] = defaultdict(float)
+    if wall <= 0:
+        return {}
+    busy: dict[tuple[str, str], float] = defaultdict(float)
     lanes: dict[str, set[str]] = defaultdict(set)
     for s in spans:
-        kind = s["lane"].rsplit(" ", 1)[0] if s["lane"][-1].isdigit() else s["lane"]
-        busy[f"{kind}: {s['what']}"] += s["end"] - s["start"]
+        kind = s["lane"].rstrip("0123456789 ")  # "generator 1" is a lane of kind "generator"
+        busy[kind, s["what"]] += s["end"] - s["start"]
         lanes[kind].add(s["lane"])
     # A kind with several lanes (generator 0, generator 1) shares out per lane.
-    return {k: v / (wall * len(lanes[k.split(": ")[0]])) for k, v in busy.items() if wall > 0}
+    return {f"{k}: {what}": t / (wall * len(lanes[k])) for (k, what), t in busy.items()}
 
 
 def _duration(seconds: float) -> str:
