@@ -216,21 +216,35 @@ def _add_status(commands: Any) -> None:
 
 def _status(args: argparse.Namespace, overrides: list[str]) -> None:
     """`forge status`: the run folder's view of its run, once or while it runs."""
-    from forge.loop.status import read_status, render
+    from forge.loop.status import read_status
 
     if overrides:
         _fail(f"status: unexpected arguments {' '.join(overrides)}")
     try:
         status = read_status(args.run_dir)
         while args.watch and status.state in ("running", "elsewhere"):
-            print(render(status) + "\n", flush=True)
+            print(_status_lines(status) + "\n", flush=True)
             time.sleep(args.watch)
             status = read_status(args.run_dir)
     except FileNotFoundError as e:
         _fail(f"status: {e}")
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    print(render(status))
+    print(_status_lines(status))
+
+
+def _status_lines(status: Any) -> str:
+    """The folder's status and, from a running driver that answers its owner, its live part."""
+    from forge.loop.status import render
+    from forge.serve.attach import ControlError, attach, live_lines
+
+    lines = render(status)
+    if status.state not in ("running", "elsewhere"):
+        return lines
+    try:
+        return "\n".join([lines, *live_lines(attach(status.run_dir, timeout_s=10).status())])
+    except ControlError as e:
+        return f"{lines}\nlive: {e}"
 
 
 def _positive_seconds(text: str) -> float:

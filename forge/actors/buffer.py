@@ -281,6 +281,15 @@ class EpisodeBuffer:
             "policy_age_max": max(ages) if ages else None,
         }
 
+    def versions(self) -> dict[int, int]:
+        """How many buffered episodes each policy version made (a group counts at its oldest
+        token's version, as its age does)."""
+        counts: dict[int, int] = {}
+        for group in self._groups:
+            v = group.oldest_version
+            counts[v] = counts.get(v, 0) + len(group)
+        return dict(sorted(counts.items()))
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: groups, reuse counts, group size, totals, sampler state.
 
@@ -437,6 +446,12 @@ class ReplayBuffer(ForgeActor):
 
     @endpoint
     @retry_safe
+    async def versions(self) -> dict[int, int]:
+        """See `EpisodeBuffer.versions`."""
+        return self.buffer.versions()
+
+    @endpoint
+    @retry_safe
     async def state_dict(self) -> dict[str, Any]:
         """See `EpisodeBuffer.state_dict`."""
         return self.buffer.state_dict()
@@ -445,6 +460,13 @@ class ReplayBuffer(ForgeActor):
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """See `EpisodeBuffer.load_state_dict`."""
         self.buffer.load_state_dict(state)
+        await self._changed_now()
+
+    @endpoint
+    async def set_max_policy_age(self, max_policy_age: int) -> None:
+        """Groups more than `max_policy_age` versions behind are dropped from the next sample
+        on (a live run's change: forge.loop.live_control)."""
+        self.buffer.cfg.max_policy_age = max_policy_age
         await self._changed_now()
 
     @endpoint

@@ -161,6 +161,18 @@ class AdmissionGate:
         self._max_policy_age = max_policy_age
         self._check_progress()
 
+    async def set_max_policy_age(self, max_policy_age: int) -> None:
+        """Changes A while rollouts run: samples already counted stay; a lower limit holds new
+        groups back until they fit, a higher one admits the groups waiting for room."""
+        previous, self._max_policy_age = self._max_policy_age, max_policy_age
+        try:
+            self._check_progress()
+        except ValueError:
+            self._max_policy_age = previous
+            raise
+        async with self._cond:
+            self._cond.notify_all()
+
     def started(self, n: int) -> None:
         """Counts `n` more samples in flight. `admit`/`try_admit` do it for their group; call
         it only for samples started without them."""

@@ -14,6 +14,7 @@ from forge.config import at_least
 from forge.controller import ProvisionerConfig
 from forge.data.datasets import DataConfig
 from forge.envs.config import EnvConfig
+from forge.loop.control_door import ControlConfig
 from forge.loop.record.batches import RecordConfig
 from forge.loop.run_folder import CHECKPOINTS
 from forge.loop.stop_signals import ShutdownConfig
@@ -216,11 +217,13 @@ class RLConfig(RunConfig):
             "sync" (generate a batch, then train on it).
         group_size: samples per prompt.
         buffer: the replay buffer; `__post_init__` fills in its dp_size, the trainer's ranks.
+        control: where the run's live control listens (docs/live_control.md).
     """
 
     mode: Mode = "async"
     group_size: int = 8
     buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
 
     @property
     def asynchronous(self) -> bool:

@@ -22,6 +22,9 @@ from forge.data.admission import AdmissionGate
 from forge.data.episode import Episode
 from forge.envs.runner import EpisodeOutcome
 from forge.loop.config import RLConfig, overlaps
+from forge.loop.control_door import opened_door
+from forge.loop.live_control import LiveControl
+from forge.loop.live_settings import LiveKeyError
 from forge.loop.rollouts import FAILED, record_outcomes
 from forge.loop.run import Run
 from forge.loop.startup import RunParts
@@ -53,6 +56,7 @@ class RLLoop(Run):
         self.workers: list[asyncio.Future] = []
         self.deliveries: set[asyncio.Future] = set()  # scored groups on their way to the buffer
         self.step_ended = 0.0
+        self.live = LiveControl(self)
 
     # --- placement ----------------------------------------------------------------------------
 
@@ -63,6 +67,10 @@ class RLLoop(Run):
             self.gate.lower_max_policy_age(bound)  # colocated: async runs as sync does
         # Batches may be a version old: the generators' move need not hold up the trainer.
         self.sync.overlap = overlaps(self.cfg.mode, self.gate.max_policy_age)
+        self._exits.callback(self.live.close)
+        await self._exits.enter_async_context(
+            opened_door(self.run_dir, self.cfg.control, self.live.calls())
+        )
 
     async def fit_placement(self) -> None:
         """The placer predicts the placement's cost on this machine and, under
@@ -170,7 +178,8 @@ class RLLoop(Run):
         """The row's G episodes, counted under `env/` and scored by the app; GroupFailed if
         one was cut short by its environment."""
         start = time.perf_counter()
-        outcomes = await self.rollouts.play(row, self.cfg.group_size, seed=seed)
+        sampling = self.live.sampling or None  # changed live (forge.loop.live_control)
+        outcomes = await self.rollouts.play(row, self.cfg.group_size, sampling, seed)
         played = time.perf_counter()
         record_metric("rollout/generate_s", played - start, Reduce.SUM)
         record_outcomes(outcomes)
@@ -195,6 +204,7 @@ class RLLoop(Run):
         """
         failures = 0
         while not self.stop.is_set():
+            await self.live.running.wait()  # paused by an attacher
             await self.gate.admit()
             group = self.take_group()
             try:
@@ -267,6 +277,7 @@ class RLLoop(Run):
         ]
         record_metric("train/batch_wait_s", time.perf_counter() - waited)
         self.logs.batch(step, self.version, batch)
+        self.live.trained(step, batch)
         async with self.trainer.turn():  # the step and the generators' update: one turn
             start = time.perf_counter()
             metrics = await self.train(batch, policy_version=self.version)
@@ -291,6 +302,8 @@ class RLLoop(Run):
         deadline = time.monotonic() + self.cfg.buffer.sample_timeout_s
         while (sampled := await self._sample(deadline - time.monotonic())).batch is None:
             await self.report_left(sampled.left)
+            if not self.live.running.is_set():  # paused: waiting is what was asked
+                deadline = time.monotonic() + self.cfg.buffer.sample_timeout_s
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"no batch of {self.cfg.buffer.batch_size} episodes for policy version "
@@ -364,6 +377,10 @@ class RLLoop(Run):
         target = first + n
         while self.version < target:
             step = self.version + 1
+            await self.live.boundary(step)
+            if self.live.stopping:
+                say(f"stopped by an attacher after step {self.version}: the same command resumes")
+                break
             try:
                 if not self.cfg.asynchronous:
                     await self.sync_rollouts()
@@ -383,6 +400,40 @@ class RLLoop(Run):
             if on_step is not None:
                 on_step(step, logged[-1])
         return logged
+
+    # --- live control -------------------------------------------------------------------------
+
+    def scalable(self, role: str) -> Any | None:
+        """The service of `role` that live control may scale, if the run has one."""
+        if role == "generator":
+            return self.generator.service
+        return self.rollouts.environments if role == "environment" else None
+
+    def check_max_policy_age(self, age: int) -> None:
+        """Refuses a `buffer.max_policy_age` this run cannot take live.
+
+        Raises:
+            LiveKeyError: a sync run, a colocated placement (it runs async as sync), or an age
+                with which the admission gate could stall.
+        """
+        if not self.cfg.asynchronous:
+            raise LiveKeyError("buffer.max_policy_age: a sync run trains each batch it made")
+        if self.placer.max_policy_age(age) < age:
+            raise LiveKeyError("buffer.max_policy_age: colocated, async runs as sync here")
+        try:
+            AdmissionGate(self.cfg.buffer.batch_size, age, self.cfg.group_size)
+        except ValueError as e:
+            raise LiveKeyError(f"buffer.max_policy_age={age}: {e}") from None
+
+    async def set_max_policy_age(self, age: int) -> None:
+        """The staleness bound, changed in the gate, the buffer and the weight sync; rollout
+        workers are added where the gate lets more groups be ahead."""
+        await self.gate.set_max_policy_age(age)
+        await self.buffer.set_max_policy_age.call_one(age)
+        self.sync.overlap = overlaps(self.cfg.mode, age)
+        if self.workers:
+            more = self.gate.limit // self.cfg.group_size - len(self.workers)
+            self.workers += [asyncio.ensure_future(self.rollout_worker()) for _ in range(more)]
 
     async def stop_rollouts(self) -> None:
         """Stops the rollout workers. A group still being generated or scored is dropped (the

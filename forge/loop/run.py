@@ -20,6 +20,7 @@ from forge.data.datasets import PromptDataset
 from forge.data.episode import Episode
 from forge.loop.config import RunConfig
 from forge.loop.evaluation import EvalRows
+from forge.loop.live_settings import ControlRecord
 from forge.loop.run_folder import RunFinished
 from forge.loop.startup import RunParts, open_data, start_parts
 from forge.loop.trainer_handle import TrainerDied, TrainerHandle
@@ -137,6 +138,8 @@ class Run:
         if self.sync is not None:
             await self.sync.sync(self.version)
         self.folder.rewind(self.version)  # the steps after the checkpoint are redone
+        if ControlRecord(self.run_dir).changes():  # over the checkpoint's own settings
+            await self.trainer.set_optimisation(self.cfg.trainer)
 
     @property
     def last_step(self) -> int:

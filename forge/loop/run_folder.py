@@ -20,6 +20,7 @@ import yaml
 
 from forge.actors.trainer.checkpointing import latest_step, step_folder
 from forge.config import ConfigError
+from forge.loop.live_settings import ControlRecord
 from forge.loop.record.batches import BatchRecord
 
 CONFIG = "config.yaml"
@@ -113,8 +114,9 @@ class RunFolder:
 
     def rewind(self, step: int) -> None:
         """Drops the log records and recorded batches of steps after `step`: a resumed run
-        redoes those."""
+        redoes those (under the settings changed live meanwhile: ControlRecord.rewind)."""
         BatchRecord(self.path).rewind(step)
+        ControlRecord(self.path).rewind(step)
         for name in STEP_LOGS:
             log = self.path / name
             if log.exists():

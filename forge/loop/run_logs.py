@@ -8,6 +8,7 @@ from typing import Any
 
 from forge.data.episode import Episode
 from forge.loop.generator_handle import GeneratorHandle
+from forge.loop.live_settings import ControlRecord
 from forge.observability import (
     MetricLogger,
     MetricsConfig,
@@ -111,6 +112,8 @@ class RunLogs:
         metrics = self.run_dir / "metrics.jsonl"
         if not (metrics.exists() and metrics.stat().st_size):
             return
-        say(f"metrics: {metrics}\nplot: {plot_run(self.run_dir, plot_keys)}")
-        if timeline := plot_timeline(self.run_dir):
+        changes = ControlRecord(self.run_dir).changes()  # marked on both drawings
+        plot = plot_run(self.run_dir, plot_keys, sorted({c["step"] for c in changes}))
+        say(f"metrics: {metrics}\nplot: {plot}")
+        if timeline := plot_timeline(self.run_dir, [c["time"] for c in changes]):
             say(f"timeline: {timeline}")

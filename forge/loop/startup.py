@@ -25,6 +25,7 @@ from forge.loop.config import RunConfig
 from forge.loop.evaluation import EvalRows, Evaluator, eval_rows
 from forge.loop.generator_handle import GeneratorHandle
 from forge.loop.generator_sync import GeneratorSync
+from forge.loop.live_settings import ControlRecord
 from forge.loop.plan import plan_run
 from forge.loop.rollouts import Rollouts
 from forge.loop.run_folder import RunFolder
@@ -85,10 +86,13 @@ async def start_parts(
     continuing = folder.holds_run()
     resumed = folder.open(cfg, cfg.resume)
     folder.rewind(resumed)
+    live = ControlRecord(run_dir).apply(cfg)  # the settings changed live: in force again
     started = time.perf_counter()
     _open_startup_log(run_dir, opening)
     record("controller", "data", opening, time.time())
-    say(_summary(name, cfg, data, held_out) + (_resuming(resumed) if continuing else ""))
+    said = _resuming(resumed) if continuing else ""
+    said += f" | {live} live changes in force (control.jsonl)" if live else ""
+    say(_summary(name, cfg, data, held_out) + said)
     with phase("controller", "provisioner"):
         transport = await _start_provisioner(cfg, plan, exits)
     # The episodes' chat bridge needs the generators' tokenizer: loaded while they start.
@@ -107,6 +111,8 @@ async def start_parts(
     await trainer.watch()
     if (step := await handle.get_step()) != resumed:
         raise RuntimeError(f"trainer resumed step {step}, the run folder {resumed}")
+    if live:  # over the settings its checkpoint restored
+        await handle.set_optimisation(cfg.trainer)
     generator = rollouts = evaluator = sync = None
     if tokenizer is not None:
         generator = GeneratorHandle(actors["generator"], placer.turns)

@@ -99,15 +99,21 @@ class TrainerLifecycle:
             raise RuntimeError(f"the divergence guard stopped the run at step {step}")
 
     async def checkpoint(
-        self, step: int, driver_state: Callable[[], Awaitable[dict[str, Any]]], final: bool = False
+        self,
+        step: int,
+        driver_state: Callable[[], Awaitable[dict[str, Any]]],
+        final: bool = False,
+        asked: bool = False,
     ) -> None:
-        """Checkpoints `step` if one is due (or `final`): the driver's state, then the trainer's.
+        """Checkpoints `step` if one is due (or `final`, or `asked` by an attacher): the
+        driver's state, then the trainer's.
 
         The trainer's write goes on in the background (checkpoint.async_save) except at the
         end; `checkpoint/blocked_s` is what a periodic one cost the loop.
         """
         ckpt = self.cfg.trainer.checkpoint
-        if ckpt.folder is None or not (final or (ckpt.interval and step % ckpt.interval == 0)):
+        due = final or asked or (ckpt.interval and step % ckpt.interval == 0)
+        if ckpt.folder is None or not due:
             return
         start = time.perf_counter()
         self.folder.save_driver_state(step, await driver_state())

@@ -7,6 +7,7 @@ from forge.observability.jsonl import read_jsonl
 
 # Whether a GRPO run learns, stays near on-policy, and how fast it goes.
 PLOT_KEYS = ("rollout/reward", "train/mismatch_kl", "generator/tokens_per_s")
+MARK_COLOUR = "tab:red"  # the lines marking live changes, here and on the timeline
 
 
 def plot_series(run_dir: str | Path, keys: Sequence[str]) -> dict[str, tuple[list, list]]:
@@ -24,8 +25,11 @@ def plot_series(run_dir: str | Path, keys: Sequence[str]) -> dict[str, tuple[lis
     return series
 
 
-def plot_run(run_dir: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:
-    """Draws one subplot per key over steps into run_dir/metrics.png and returns its path.
+def plot_run(
+    run_dir: str | Path, keys: Sequence[str] = PLOT_KEYS, marks: Sequence[int] = ()
+) -> Path:
+    """Draws one subplot per key over steps into run_dir/metrics.png, with a dashed line at
+    each step of `marks` (the first under a setting changed live), and returns its path.
 
     Keys that no step logged are left out; if none was logged, raises ValueError.
     """
@@ -44,6 +48,8 @@ def plot_run(run_dir: str | Path, keys: Sequence[str] = PLOT_KEYS) -> Path:
     axes = fig.subplots(len(present), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (key, (steps, values)) in zip(axes, present.items(), strict=True):
         ax.plot(steps, values, marker="." if len(steps) < 50 else None)
+        for step in marks:
+            ax.axvline(step, color=MARK_COLOUR, linestyle="--", alpha=0.6)
         ax.set_title(key, fontsize="medium")
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step")

@@ -8,9 +8,11 @@ process that did it). A generator generates, evaluates and prepares a version at
 prepare are drawn as thinner bars over generation, and pauses and swaps over all.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from forge.observability.jsonl import read_jsonl
+from forge.observability.plot import MARK_COLOUR
 
 # In drawing order, with each bar's height: later ones are drawn over earlier ones.
 COLOURS = {
@@ -30,8 +32,9 @@ def read_timeline(run_dir: str | Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / "timeline.jsonl")
 
 
-def plot_timeline(run_dir: str | Path) -> Path | None:
-    """Draws the intervals as bars, one row per lane, into run_dir/timeline.png; returns its
+def plot_timeline(run_dir: str | Path, marks: Sequence[float] = ()) -> Path | None:
+    """Draws the intervals as bars, one row per lane, into run_dir/timeline.png, with a
+    dashed line at each time of `marks` (Unix seconds: settings changed live); returns its
     path, or None if the run has no timeline."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -51,6 +54,8 @@ def plot_timeline(run_dir: str | Path) -> Path | None:
         colour = COLOURS.get(s["what"], "tab:gray")
         height = HEIGHTS.get(s["what"], 0.6)
         ax.barh(row, s["end"] - s["start"], left=s["start"] - origin, color=colour, height=height)
+    for at in marks:
+        ax.axvline(at - origin, color=MARK_COLOUR, linestyle="--", alpha=0.6)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first interval")

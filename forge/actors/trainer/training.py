@@ -129,6 +129,9 @@ class Training:
         Raises:
             ValueError: `cfg` differs from the trainer's config in another field.
         """
+        # How often the driver asks for checkpoints is the driver's (a live run changes it).
+        interval = dataclasses.replace(cfg.checkpoint, interval=self.cfg.checkpoint.interval)
+        cfg = dataclasses.replace(cfg, checkpoint=interval)
         fields = [f.name for f in dataclasses.fields(cfg)]
         other = [n for n in fields if n not in OPTIMISATION_FIELDS]
         if differ := [n for n in other if getattr(cfg, n) != getattr(self.cfg, n)]:

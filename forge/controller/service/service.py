@@ -14,7 +14,8 @@ routing, its processes stopped, and respawned in the background, set up, passed 
 `on_recover` and only then given traffic; a call it was running or queueing is retried once
 elsewhere if the endpoint is `retry_safe`, else fails with an error naming the replica. A
 replica whose host is lost is not respawned; once every replica is lost, calls fail at once
-with ReplicasLostError naming the host.
+with ReplicasLostError naming the host. A replica added by `scale` to a started service also
+passes through `on_recover` before it takes traffic.
 """
 
 import asyncio
@@ -152,6 +153,7 @@ class Service:
         self._scale_lock = asyncio.Lock()
         self._endpoints: dict[str, ServiceEndpoint] = {}
         self._closed = False
+        self._started = False  # from then on, a new replica catches up (`on_recover`)
 
     def __getattr__(self, name: str) -> ServiceEndpoint:
         if name.startswith("_") or not hasattr(self.actor_cls, name):
@@ -177,6 +179,7 @@ class Service:
         except BaseException:
             await self.shutdown()
             raise
+        self._started = True
 
     async def shutdown(self) -> None:
         """Stops health checks, recoveries and every replica's processes."""
@@ -227,7 +230,8 @@ class Service:
         try:
             if replica.state is ReplicaState.STOPPED:
                 raise asyncio.CancelledError  # scaled away while starting
-            if self.on_recover is not None and replica.generation > 0:
+            # A respawn, or a replica added to a running service: it catches up first.
+            if self.on_recover is not None and (replica.generation > 0 or self._started):
                 await self.on_recover(actor)
         except BaseException:
             await get_provisioner().stop_procs(mesh)

@@ -17,7 +17,7 @@ figure differs, 2 bad input, 3 the replay itself failed.
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from forge.actors.trainer.config import OPTIMISATION_FIELDS
 from forge.config import ConfigError, load_config
 from forge.controller import init_provisioner, shutdown
 from forge.loop.config import RunConfig
+from forge.loop.live_settings import ControlRecord
 from forge.loop.record.batches import BatchRecord, RecordError, StepRecord
 from forge.loop.run_folder import CONFIG
 from forge.loop.spawn import spawn_role
@@ -160,7 +161,6 @@ class Replay:
 
     run_dir: Path
     cfg: RunConfig  # the run's
-    what_if_trainer: TrainerConfig | None  # its trainer section under the what-if
     record: BatchRecord
     checkpoints: Path | None
     steps: ReplaySteps
@@ -182,13 +182,21 @@ class Replay:
             ReplayError: bad input (see `load_run` and `replay_steps`).
         """
         run_dir = Path(run_dir)
+        load_run(run_dir, what_if)  # a what-if of another key is refused before anything starts
         cfg = load_run(run_dir)
-        changed = _trainer_config(load_run(run_dir, what_if)) if what_if else None
         record = BatchRecord(run_dir)
         checkpoints = checkpoint_folder(cfg, run_dir)
         steps = replay_steps(record, checkpoints, step)
-        what = tuple(what_if)
-        return cls(run_dir, cfg, changed, record, checkpoints, steps, what, step is None)
+        return cls(run_dir, cfg, record, checkpoints, steps, tuple(what_if), step is None)
+
+    def settings_at(self, step: int) -> TrainerConfig:
+        """The trainer's settings for `step`: the run's, as changed live up to it
+        (control.jsonl), and the what-if's from `compare_from` on."""
+        what_if = self.what_if if step >= self.steps.compare_from else ()
+        cfg = load_run(self.run_dir, what_if)
+        overridden = [o.partition("=")[0] for o in what_if]
+        ControlRecord(self.run_dir).apply(cfg, up_to=step, keep=overridden, under="trainer.")
+        return _trainer_config(cfg)
 
     async def run(self) -> int:
         """Replays the steps; returns the exit status: 0 the replay matches the record, 1 a
@@ -200,7 +208,13 @@ class Replay:
             trainer = await _spawn_trainer(self.cfg)
             if p.start:
                 await trainer.load_checkpoint(str(checkpoints), p.start)
-            same = await _train(trainer, self.record, p, self.what_if_trainer, self.world)
+            # A checkpoint restores the learning rate it was taken under, not the loss's
+            # settings: with live changes, the first step sets them all.
+            held = None if ControlRecord(self.run_dir).changes() else self.settings_at(p.start)
+            column = "what-if" if self.what_if else "replayed"
+            same = await _train(
+                trainer, self.record, p, (self.settings_at, held), self.world, column
+            )
             if self.whole_run and checkpoints is not None and latest_step(checkpoints) == p.end:
                 same = await _matches_final_checkpoint(trainer, checkpoints, p.end) and same
         finally:
@@ -233,16 +247,20 @@ async def _train(
     trainer: TrainerHandle,
     record: BatchRecord,
     p: ReplaySteps,
-    what_if: TrainerConfig | None,
+    settings: tuple[Callable[[int], TrainerConfig], TrainerConfig | None],
     world: int,
+    column: str,
 ) -> bool:
-    """Steps start+1..end on their recorded batches; compares each from `compare_from` on.
-    Returns whether every compared step matched."""
+    """Steps start+1..end on their recorded batches, each under the settings in force at it
+    (`settings`: those of a step, and those the trainer holds); compares each from
+    `compare_from` on. Returns whether every compared step matched."""
     same, threads = True, 0
+    settings_at, held = settings
     for s in range(p.start + 1, p.end + 1):
         recorded = read(record, s)
-        if s == p.compare_from and what_if is not None:
-            await trainer.set_optimisation(what_if)
+        if (wanted := settings_at(s)) != held:
+            await trainer.set_optimisation(wanted)
+            held = wanted
         if recorded.threads != threads:
             threads = recorded.threads
             await _use_threads(trainer, threads, world)
@@ -259,7 +277,7 @@ async def _train(
         diff = _differences(recorded, got, skip)
         same = same and not diff
         if s == p.end or diff:
-            say(_table(recorded, got, skip, "what-if" if what_if else "replayed"))
+            say(_table(recorded, got, skip, column))
         say(_verdict(s, diff))
     return same
 

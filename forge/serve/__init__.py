@@ -1,0 +1,1 @@
+"""Doors from outside onto a run: attaching to a live run (`attach`)."""
