@@ -49,6 +49,7 @@ BENCHES = [
     ("episode_rollouts", "python bench/episode_rollouts.py", "episode_rollouts"),
     ("record", "python bench/record.py", "record"),
     ("chaos", "python bench/chaos.py", "chaos"),
+    ("attach", "python bench/attach.py", "attach"),
     ("suite", "python bench/suite.py", "suite"),
 ]
 VARIANTS = {

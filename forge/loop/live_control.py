@@ -102,6 +102,7 @@ class LiveControl:
         folder["run_dir"] = str(folder["run_dir"])
         gate = run.gate
         replicas = run.generator.service.metrics() if run.generator is not None else []
+        environments = run.scalable("environment")
         return {
             **folder,
             "version": run.version,
@@ -114,6 +115,8 @@ class LiveControl:
                 [run.version - v, n] for v, n in (await run.buffer.versions.call_one()).items()
             ],
             "generators": replicas,
+            "environments": environments.metrics() if environments is not None else [],
+            "trainer_restarts": run.lifecycle.restarts,
             "settings": {short: current(run.cfg, key) for short, key in LIVE_KEYS.items()},
         }
 

@@ -1,7 +1,8 @@
 """Live control without a run: the fixed list of keys a live run takes, the checks a value
 passes before any change, control.jsonl's record (applied up to a step, rewound with the run),
 and the door: its secret file is its owner's, a call without the secret or a malformed one is
-refused in one line, and both files go when the door closes."""
+refused in one line, both files go when the door closes, and one attacher waiting for a step
+boundary or gone mid-call holds up no other."""
 
 import asyncio
 import json
@@ -88,6 +89,31 @@ async def test_the_door_serves_its_owner_only_and_leaves_nothing_when_closed(tmp
     assert not (tmp_path / SECRET_FILE).exists() and not (tmp_path / ADDRESS_FILE).exists()
     with pytest.raises(ControlError, match="no running run to attach to"):
         attach(tmp_path)
+
+
+async def test_two_attachers_at_once_and_one_that_dies_mid_call(tmp_path):
+    released, waiting = asyncio.Event(), asyncio.Event()
+
+    async def boundary(by: str) -> str:  # as `set` does: answered at the next step boundary
+        waiting.set()
+        await released.wait()
+        return "taken"
+
+    async def status(by: str) -> str:
+        return "running"
+
+    async with opened_door(tmp_path, ControlConfig(), {"boundary": boundary, "status": status}):
+        first, second = attach(tmp_path), attach(tmp_path)
+        asked = asyncio.ensure_future(asyncio.to_thread(first._call, "boundary"))
+        await waiting.wait()
+        assert await asyncio.to_thread(second._call, "status") == "running"  # not held up
+        address = json.loads((tmp_path / ADDRESS_FILE).read_text())
+        dead = socket.create_connection((address["host"], address["port"]))
+        dead.sendall(b'{"secret": "' + first._secret().encode() + b'", "call": "boundary"}\n')
+        dead.close()  # an attacher gone before its answer
+        released.set()
+        assert await asked == "taken"
+        assert await asyncio.to_thread(second._call, "status") == "running"
 
 
 def _raw(address: dict, line: bytes) -> dict:
