@@ -191,8 +191,10 @@ class LiveControl:
 
     async def stop(self, by: str) -> dict[str, Any]:
         """Ends the run at the next step boundary as Ctrl-C would: a final checkpoint, the
-        plots and export; the same command resumes it."""
+        plots and export; the same command resumes it. A paused run resumes its rollouts:
+        its next step boundary comes after a batch."""
         self._asked.stop = by
+        self.running.set()
         return {"step": self.run.version}
 
     async def scale(self, role: str, n: int, by: str) -> dict[str, Any]:
@@ -221,7 +223,10 @@ class LiveControl:
 
     async def boundary(self, step: int) -> None:
         """Takes what waits for the step boundary before `step`: settings, then a checkpoint
-        and an eval of step-1, then a stop; in sync mode, waits while rollouts are paused."""
+        and an eval of step-1, then a stop; in sync mode, first waits while rollouts are
+        paused (they are made in the step)."""
+        if not self.run.cfg.asynchronous:
+            await self.running.wait()
         asked, self._asked = self._asked, _Asked()
         for changes, by, done in asked.changes:
             await self._apply(step, changes, by)
@@ -241,8 +246,6 @@ class LiveControl:
         if asked.stop is not None:
             self.stopping = True
             self._said(step - 1, asked.stop, "stop", f"stop after step {step - 1}")
-        if not self.run.cfg.asynchronous:
-            await self.running.wait()
 
     async def _apply(self, step: int, changes: dict[str, Any], by: str) -> None:
         """Puts each setting where the run reads it, recorded with the step it starts at."""

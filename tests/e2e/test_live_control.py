@@ -18,6 +18,7 @@ from helper_runs import (
     finish,
     forge_replay,
     forge_run,
+    forge_status,
     metrics,
     trained,
     wait_for_steps,
@@ -54,6 +55,8 @@ async def test_attach_steers_a_running_run_and_its_record_survives_a_kill(tmp_pa
         assert run.status()["gate"]["limit"] == (2 + 1) * BATCH
         assert run.scale("generator", 2) == 2
         assert [g["state"] for g in run.status()["generators"]] == ["healthy", "healthy"]
+        shown = forge_status(run_dir)  # the folder's lines, then the driver's
+        assert "rollouts: running" in shown and "settings: lr 2e-05" in shown
         await _pause_drains_and_resume_restarts(run, proc, run_dir)
 
         sample = run.samples(2)
