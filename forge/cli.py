@@ -234,12 +234,13 @@ def _status(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def _status_lines(status: Any) -> str:
-    """The folder's status and, from a running driver that answers its owner, its live part."""
+    """The folder's status and, from a driver running on this host that answers its owner,
+    its live part (one on another host listens on that host's loopback unless told not to)."""
     from forge.loop.status import render
     from forge.serve.attach import ControlError, attach, live_lines
 
     lines = render(status)
-    if status.state not in ("running", "elsewhere"):
+    if status.state != "running":
         return lines
     try:
         return "\n".join([lines, *live_lines(attach(status.run_dir, timeout_s=10).status())])
