@@ -234,16 +234,19 @@ def _status(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def _status_lines(status: Any) -> str:
-    """The folder's status and, from a driver running on this host that answers its owner,
-    its live part (one on another host listens on that host's loopback unless told not to)."""
+    """The folder's status and, from a running driver that answers its owner here, its live
+    part (a driver on another host answers only where it listens beyond its loopback)."""
     from forge.loop.status import render
     from forge.serve.attach import ControlError, attach, live_lines
 
     lines = render(status)
-    if status.state != "running":
+    if status.state not in ("running", "elsewhere"):
         return lines
     try:
-        return "\n".join([lines, *live_lines(attach(status.run_dir, timeout_s=10).status())])
+        run = attach(status.run_dir, timeout_s=10)
+        if status.state == "elsewhere" and run.loopback:
+            return lines
+        return "\n".join([lines, *live_lines(run.status())])
     except ControlError as e:
         return f"{lines}\nlive: {e}"
 

@@ -13,9 +13,11 @@ and an attacher that dies leaves nothing behind.
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import os
 import secrets
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +37,23 @@ class ControlConfig:
     """Where a run's live control listens (docs/live_control.md).
 
     Args:
-        host: the address the driver's control endpoint binds: this host only by default. A
-            SLURM job's node address (or 0.0.0.0) lets an attacher on another host in; the
-            secret still guards it.
+        host: the address the driver's control endpoint binds. Unset: this host only
+            (127.0.0.1), but inside a SLURM job the node's own address, which the login node
+            reaches. The secret guards it either way.
     """
 
-    host: str = "127.0.0.1"
+    host: str | None = None
+
+    def bind_address(self) -> str:
+        """The address to listen on (`host`, or what unset means here)."""
+        if self.host is not None:
+            return self.host
+        if "SLURM_JOB_ID" in os.environ:  # a `forge submit` job: attached from the login node
+            with contextlib.suppress(OSError):
+                address = ipaddress.ip_address(socket.gethostbyname(socket.gethostname()))
+                if not address.is_loopback:
+                    return str(address)
+        return "127.0.0.1"
 
 
 @contextlib.asynccontextmanager
@@ -62,7 +75,7 @@ async def opened_door(run_dir: Path, cfg: ControlConfig, calls: Calls) -> AsyncI
             connections.discard(asyncio.current_task())
             writer.close()
 
-    server = await asyncio.start_server(serve, cfg.host, 0, limit=MAX_CALL_BYTES)
+    server = await asyncio.start_server(serve, cfg.bind_address(), 0, limit=MAX_CALL_BYTES)
     host, port = server.sockets[0].getsockname()[:2]
     _write_private(run_dir / SECRET_FILE, secret)
     address = {"host": host, "port": port, "pid": os.getpid()}

@@ -12,6 +12,7 @@ every change in control.jsonl. The folder's own logs (metrics, the plot) are rea
 """
 
 import getpass
+import ipaddress
 import json
 import os
 import socket
@@ -125,6 +126,11 @@ class LiveRun:
 
     def _change_steps(self) -> list[int]:
         return sorted({row["step"] for row in self.changes() if "key" in row})
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the run listens on its host's loopback only (another host cannot attach)."""
+        return ipaddress.ip_address(self._address()["host"]).is_loopback
 
     # --- the wire --------------------------------------------------------------------------------
 

@@ -91,6 +91,17 @@ async def test_the_door_serves_its_owner_only_and_leaves_nothing_when_closed(tmp
         attach(tmp_path)
 
 
+def test_the_door_listens_on_this_host_only_but_in_a_slurm_job_on_the_nodes_address(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.0.0.5")
+    assert ControlConfig().bind_address() == "127.0.0.1"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # a `forge submit` job's driver
+    assert ControlConfig().bind_address() == "10.0.0.5"
+    assert ControlConfig(host="127.0.0.1").bind_address() == "127.0.0.1"
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")  # no other address
+    assert ControlConfig().bind_address() == "127.0.0.1"
+
+
 async def test_two_attachers_at_once_and_one_that_dies_mid_call(tmp_path):
     released, waiting = asyncio.Event(), asyncio.Event()
 
