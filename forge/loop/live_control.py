@@ -98,7 +98,8 @@ class LiveControl:
     async def status(self, by: str) -> dict[str, Any]:
         """The folder's status (forge.loop.status) and what only the running driver knows."""
         run = self.run
-        folder = dataclasses.asdict(read_status(run.run_dir))
+        # In a thread: a long run's logs take a while to read, and the loop must not wait.
+        folder = dataclasses.asdict(await asyncio.to_thread(read_status, run.run_dir))
         folder["run_dir"] = str(folder["run_dir"])
         gate = run.gate
         replicas = run.generator.service.metrics() if run.generator is not None else []
