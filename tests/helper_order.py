@@ -12,12 +12,13 @@ import pytest
 
 SLOWEST_FIRST = (
     "e2e/test_learning.py",  # ~1500 s: every SmolLM2 learning run, one after another
-    "e2e/test_notebooks.py",  # ~600 s
+    "e2e/test_notebooks.py",  # ~740 s
     "e2e/test_grpo.py",  # ~540 s
     "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
     "e2e/test_chaos.py",  # ~380 s: one run killed nine times, relaunched twice
     "integration/test_trainer.py",  # ~360 s
     "e2e/test_replay.py",  # ~350 s
+    "e2e/test_live_control.py",  # ~300 s: a run steered, killed, run again and replayed
     "e2e/test_resume.py",  # ~300 s
     "e2e/test_distillation.py",  # ~300 s
     "e2e/test_colocated.py",  # ~300 s
