@@ -22,7 +22,7 @@ from library_log import library_output_to_log
 from result import Result
 
 from forge.actors.trainer import TitanTrainer, TrainerConfig
-from forge.actors.trainer.checkpointing import CheckpointConfig
+from forge.actors.trainer.checkpoint_folder import CheckpointConfig
 from forge.controller import shutdown
 from forge.data import Completion, Episode
 from forge.models import smollm2

@@ -556,7 +556,7 @@ def _process_death(error: BaseException | None) -> str | None:
 
 def _resumes(cfg: Any) -> str:
     """What the same command does next: resume from the newest checkpoint, or start again."""
-    from forge.actors.trainer.checkpointing import latest_step
+    from forge.actors.trainer.checkpoint_folder import latest_step
     from forge.loop.config import RunConfig
 
     step = latest_step(cfg.trainer.checkpoint.folder) if isinstance(cfg, RunConfig) else 0

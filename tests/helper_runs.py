@@ -256,8 +256,8 @@ def complete_groups(run_dir: Path, group_size: int, steps: list[dict]) -> None:
 def kill_groups_after_a_checkpoint(procs: dict[Path, subprocess.Popen]) -> None:
     """SIGKILLs each driver's whole process group as soon as its run has written a checkpoint
     and logged a later step; waits until every process of those runs is gone."""
-    from forge.actors.trainer.checkpointing import (
-        latest_step,  # torch: only the tests that run apps
+    from forge.actors.trainer.checkpoint_folder import (
+        latest_step,  # the trainer package imports torch: only the tests that run apps
     )
 
     deadline = time.monotonic() + 600

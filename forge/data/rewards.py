@@ -41,10 +41,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import reasoning_gym
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
-
 from forge.imports import import_callable
 
 RewardFn = Callable[[Mapping[str, Any], str], float]
@@ -169,6 +165,10 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
 @functools.cache
 def _reasoning_gym_scorer(task: str) -> Callable[[str, dict[str, Any]], float]:
     # Built once per process: get_score_answer_fn instantiates the task's dataset class.
+    # Imported here: reasoning_gym imports every task (a second of CPU), which a process that
+    # only names this function (a run's driver) need not pay.
+    import reasoning_gym
+
     return reasoning_gym.get_score_answer_fn(task)
 
 
@@ -183,6 +183,10 @@ def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
         TimeoutError: math-verify's comparison ran past its timeout.
         Exception: whatever else math-verify's comparison raises (it would return False).
     """
+    # Imported here, as reasoning_gym is: math-verify brings sympy.
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
     timeout = _math_verify_timeout()
     reference = str(_required(row, "answer"))
     gold = parse(reference, parsing_timeout=timeout)

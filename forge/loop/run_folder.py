@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from forge.actors.trainer.checkpointing import latest_step, step_folder
+from forge.actors.trainer.checkpoint_folder import latest_step, step_folder
 from forge.config import ConfigError
 from forge.loop.live_settings import ControlRecord
 from forge.loop.record.batches import BatchRecord

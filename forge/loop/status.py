@@ -19,7 +19,7 @@ from typing import Literal
 import psutil
 import yaml
 
-from forge.actors.trainer.checkpointing import latest_step
+from forge.actors.trainer.checkpoint_folder import latest_step
 from forge.loop.run_folder import CHECKPOINTS, CONFIG
 from forge.observability.jsonl import read_jsonl
 from forge.observability.startup import process_started, read_phases

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from forge.actors.trainer.checkpointing import latest_step
+from forge.actors.trainer.checkpoint_folder import latest_step
 from forge.observability.console import say
 from forge.weights.shm_folders import remove_dead, remove_own
 

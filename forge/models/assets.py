@@ -14,6 +14,7 @@ is a finished checkpoint, and an interrupted conversion leaves nothing that look
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -130,11 +131,33 @@ def check_model(name_or_path: str | Path) -> None:
     )
 
 
-def load_tokenizer(model: str) -> Any:
-    """The Hugging Face tokenizer of `model` (a name `resolve_model` resolves, or a folder)."""
-    from transformers import AutoTokenizer  # seconds to import: a thread's work, off the loop
+# Tokenizer classes that are transformers' generic tokenizer.json backend, which AutoTokenizer
+# resolves to the same class as importing it directly does (transformers 5).
+_BACKEND_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 
-    return AutoTokenizer.from_pretrained(resolve_model(model))
+
+def load_tokenizer(model: str) -> Any:
+    """The Hugging Face tokenizer of `model` (a name `resolve_model` resolves, or a folder).
+
+    A checkpoint whose tokenizer is the generic tokenizer.json backend (every model forge
+    makes) loads it without AutoTokenizer, whose import brings transformers' model registry
+    and torch's compiler: several CPU-seconds a run's controller spends while its roles start.
+    """
+    path = resolve_model(model)
+    if _tokenizer_class(path) in _BACKEND_TOKENIZERS:
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text()).get("tokenizer_class")
 
 
 def _build_once(dest: Path, build: Callable[[Path], None], what: str) -> Path:

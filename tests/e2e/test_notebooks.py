@@ -37,7 +37,12 @@ DEFAULT_LOG = {"02_generator_and_weights"}
 # Notebooks whose libraries run in a `forge run` they start: its forge.log holds their lines.
 RUN_LOG = {"06_live_run": ROOT / "runs" / "notebook-06"}
 # What the tests run a notebook on, where it runs something larger by hand.
-ENVIRONMENT = {"06_live_run": {"FORGE_NOTEBOOK_CONFIG": "configs/grpo/tiny_cpu.yaml"}}
+TINY = {"FORGE_NOTEBOOK_CONFIG": "configs/grpo/tiny_cpu.yaml"}
+ENVIRONMENT = {
+    "03_grpo_step_by_step": TINY,
+    "04_distillation": {"FORGE_NOTEBOOK_CONFIG": "configs/distillation/tiny_cpu.yaml"},
+    "06_live_run": TINY,
+}
 
 
 def test_notebooks_are_committed_without_outputs():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helper_runs import console, finish, forge_replay, forge_run, metrics
 
-from forge.actors.trainer.checkpointing import latest_step
+from forge.actors.trainer.checkpoint_folder import latest_step
 from forge.loop.record.batches import BatchRecord
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from helper_runs import (
     wait_for_steps,
 )
 
-from forge.actors.trainer.checkpointing import complete_steps, step_folder
+from forge.actors.trainer.checkpoint_folder import complete_steps, step_folder
 from forge.loop.record.batches import BatchRecord
 from forge.loop.run_folder import DRIVER_STATE
 

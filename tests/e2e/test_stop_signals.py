@@ -20,7 +20,7 @@ from helper_runs import (
     wait_until,
 )
 
-from forge.actors.trainer.checkpointing import latest_step
+from forge.actors.trainer.checkpoint_folder import latest_step
 from forge.weights.shm_folders import run_folder
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import OptimizerConfig, TitanTrainer, TrainerConfig
-from forge.actors.trainer.checkpointing import CheckpointConfig, step_folder
+from forge.actors.trainer.checkpoint_folder import CheckpointConfig, step_folder
 from forge.controller import shutdown
 from forge.losses import mismatch_kl
 from forge.models.lora import LoRAConfig

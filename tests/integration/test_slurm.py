@@ -34,7 +34,7 @@ from helper_slurm import (
 )
 from monarch.actor import endpoint
 
-from forge.actors.trainer.checkpointing import latest_step
+from forge.actors.trainer.checkpoint_folder import latest_step
 from forge.controller import ProvisionerConfig, SlurmConfig, init_provisioner, shutdown
 from forge.serve.attach import attach
 

@@ -35,7 +35,7 @@ from helper_slurm import (
 )
 from jupyter_client.manager import start_new_kernel
 
-from forge.actors.trainer.checkpointing import complete_steps, latest_step
+from forge.actors.trainer.checkpoint_folder import complete_steps, latest_step
 from forge.serve.attach import attach
 
 PARTITION = "two"

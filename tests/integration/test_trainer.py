@@ -13,7 +13,7 @@ from monarch.actor import ActorError
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.reference import ReferenceConfig, ReferenceModel
 from forge.actors.trainer import OptimizerConfig, TitanTrainer, TrainerConfig
-from forge.actors.trainer.checkpointing import CheckpointConfig
+from forge.actors.trainer.checkpoint_folder import CheckpointConfig
 from forge.controller import shutdown
 from forge.data import Completion, Episode
 from forge.losses import mismatch_kl

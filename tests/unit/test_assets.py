@@ -137,3 +137,31 @@ def test_check_model_builds_and_reads_nothing(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("not json: never read")
     for name in (DEFAULT_MODEL, "tiny-llama", "tiny-qwen3", str(tmp_path)):
         check_model(name)
+
+
+def test_load_tokenizer_takes_the_backend_directly_and_matches_autotokenizer(smol, tmp_path):
+    """A checkpoint whose tokenizer is the generic backend skips AutoTokenizer and gets the
+    same tokenizer; one naming another class still goes through AutoTokenizer."""
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    for path in (smol, tiny_model("llama")):
+        direct, auto = assets.load_tokenizer(str(path)), AutoTokenizer.from_pretrained(path)
+        assert type(direct) is type(auto)
+        text = "Tokens, <|im_start|> 12+34\n"
+        assert direct(text).input_ids == auto(text).input_ids
+        render = dict(tokenize=False, add_generation_prompt=True)
+        rendered = direct.apply_chat_template(chat, **render)
+        assert rendered == auto.apply_chat_template(chat, **render)
+        assert direct.all_special_tokens == auto.all_special_tokens
+        assert (direct.eos_token_id, direct.pad_token_id) == (auto.eos_token_id, auto.pad_token_id)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for file in smol.iterdir():
+        (renamed / file.name).symlink_to(file)
+    config = (smol / "tokenizer_config.json").read_text()
+    (renamed / "tokenizer_config.json").unlink()
+    (renamed / "tokenizer_config.json").write_text(
+        config.replace('"TokenizersBackend"', '"GPT2Tokenizer"')
+    )
+    other = assets.load_tokenizer(str(renamed))
+    assert type(other).__name__ == "GPT2Tokenizer"  # AutoTokenizer's choice, not the backend
+    assert other("12+34").input_ids == direct("12+34").input_ids

@@ -20,7 +20,6 @@ from monarch.actor import endpoint
 
 from forge.actors.trainer.build import build_model
 from forge.actors.trainer.calibrate import calibrate
-from forge.actors.trainer.checkpointing import Checkpointer
 from forge.actors.trainer.config import TrainerConfig
 from forge.actors.trainer.export import export_hf
 from forge.actors.trainer.publish import Publisher
@@ -72,6 +71,10 @@ class TitanTrainer(ForgeActor):
             self.training = Training(self.cfg, self.model)
         t = self.training
         with phase("TitanTrainer", "checkpoint resume"):
+            # Imported here: torch.distributed.checkpoint is a third of a second to import,
+            # which a run's driver, naming this class to spawn it, need not pay.
+            from forge.actors.trainer.checkpointing import Checkpointer
+
             self.checkpointer = Checkpointer(
                 self.cfg.checkpoint, self.model.module, t.optimizer, t.scheduler, t.guard
             )

@@ -17,9 +17,8 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,61 +30,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-LATEST = "latest"
-
-
-@dataclass
-class CheckpointConfig:
-    """Whether, how often and where to checkpoint.
-
-    Args:
-        enabled: whether a run checkpoints (into its folder's checkpoints/); false: the run
-            cannot be continued.
-        folder: where the trainer writes them; None: nowhere. A run's config derives it
-            (RunConfig: run_dir/checkpoints, or None when not `enabled`), so no yaml sets it;
-            a trainer built on its own (tests, benchmarks) is given it.
-        interval: save every this many steps (0: only at the end of the run).
-        keep: how many checkpoints to keep (older ones are deleted).
-        async_save: write the files in the background while training goes on.
-    """
-
-    enabled: bool = True
-    folder: str | None = None
-    interval: int = 0
-    keep: int = 2
-    async_save: bool = True
-
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {
-        "folder": "derived: a run's checkpoints live in run_dir/checkpoints; "
-        "trainer.checkpoint.enabled: false turns them off",
-    }
-
-    def __post_init__(self) -> None:
-        if self.interval < 0 or self.keep < 1:
-            raise ValueError(f"need interval >= 0 and keep >= 1, got {self.interval}, {self.keep}")
-
-
-def step_folder(folder: str | Path, step: int) -> Path:
-    """Where the checkpoint of `step` lives."""
-    return Path(folder) / f"step-{step}"
-
-
-def latest_step(folder: str | Path | None) -> int:
-    """The step of the newest complete checkpoint in `folder`; 0 if there is none."""
-    latest = Path(folder) / LATEST if folder else None
-    if latest is None or not latest.exists():
-        return 0
-    return _step_of(Path(latest.read_text().strip()))
-
-
-def complete_steps(folder: str | Path) -> list[int]:
-    """The steps of the complete checkpoints in `folder`, oldest first: those DCP finished
-    (it writes `.metadata` last) up to the one `latest` names (a newer folder may hold the
-    driver's part of the next checkpoint only)."""
-    folder = Path(folder)
-    newest = latest_step(folder)
-    done = (_step_of(p) for p in folder.glob("step-*") if (p / ".metadata").exists())
-    return sorted(s for s in done if s <= newest)
+from forge.actors.trainer.checkpoint_folder import (
+    LATEST,
+    CheckpointConfig,
+    latest_step,
+    step_folder,
+    step_of,
+)
 
 
 class _TrainState(Stateful):
@@ -196,7 +147,7 @@ class Checkpointer:
         (self.folder / f"{LATEST}.tmp").write_text(target.name)
         (self.folder / f"{LATEST}.tmp").replace(self.folder / LATEST)
         # Only older ones: a newer folder may hold the driver's part of the next checkpoint.
-        done = [p for p in self._steps() if _step_of(p) <= _step_of(target)]
+        done = [p for p in self._steps() if step_of(p) <= step_of(target)]
         for old in done[: -self.cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -217,8 +168,4 @@ class Checkpointer:
         return state.step
 
     def _steps(self) -> list[Path]:
-        return sorted(self.folder.glob("step-*"), key=_step_of)
-
-
-def _step_of(folder: Path) -> int:
-    return int(folder.name.removeprefix("step-"))
+        return sorted(self.folder.glob("step-*"), key=step_of)

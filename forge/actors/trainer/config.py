@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from forge.actors.trainer.checkpointing import CheckpointConfig
+from forge.actors.trainer.checkpoint_folder import CheckpointConfig
 from forge.config import at_least, field_error, positive, require
 from forge.losses import OBJECTIVES, LossConfig, ObjectiveName
 from forge.models import check_model

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.actors.trainer import TitanTrainer, TrainerConfig
-from forge.actors.trainer.checkpointing import complete_steps, latest_step, step_folder
+from forge.actors.trainer.checkpoint_folder import complete_steps, latest_step, step_folder
 from forge.actors.trainer.config import OPTIMISATION_FIELDS
 from forge.config import ConfigError, load_config
 from forge.controller import init_provisioner, shutdown
