@@ -36,7 +36,7 @@ from typing import Any
 
 import cloudpickle
 
-from forge.data.rewards import RewardFn
+from forge.data.rewards import RewardFn, load_libraries
 
 logger = logging.getLogger(__name__)
 
@@ -315,6 +315,7 @@ def _serve(fd: int, parent_pid: int) -> None:
     conn = Connection(fd)
     try:
         functions = cloudpickle.loads(conn.recv_bytes())
+        load_libraries(functions.values())
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return

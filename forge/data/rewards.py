@@ -36,9 +36,10 @@ Built-in functions, by registry name (`REWARD_FUNCTIONS`):
 """
 
 import functools
+import importlib
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from forge.imports import import_callable
@@ -165,9 +166,7 @@ def reasoning_gym_reward(row: Mapping[str, Any], text: str) -> float:
 @functools.cache
 def _reasoning_gym_scorer(task: str) -> Callable[[str, dict[str, Any]], float]:
     # Built once per process: get_score_answer_fn instantiates the task's dataset class.
-    # Imported here: reasoning_gym imports every task (a second of CPU), which a process that
-    # only names this function (a run's driver) need not pay.
-    import reasoning_gym
+    import reasoning_gym  # here: see load_libraries
 
     return reasoning_gym.get_score_answer_fn(task)
 
@@ -183,8 +182,7 @@ def math_verify_reward(row: Mapping[str, Any], text: str) -> float:
         TimeoutError: math-verify's comparison ran past its timeout.
         Exception: whatever else math-verify's comparison raises (it would return False).
     """
-    # Imported here, as reasoning_gym is: math-verify brings sympy.
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # here: see load_libraries
     from math_verify.errors import TimeoutException
 
     timeout = _math_verify_timeout()
@@ -231,6 +229,21 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "math_verify": math_verify_reward,
     "format": format_reward,
 }
+
+
+# The library each built-in reward imports on first use rather than at import: a run's driver,
+# which only names them, need not pay seconds of CPU for reasoning_gym's every task and
+# math-verify's sympy.
+_LIBRARIES = {reasoning_gym_reward: "reasoning_gym", math_verify_reward: "math_verify"}
+
+
+def load_libraries(functions: Iterable[RewardFn]) -> None:
+    """Imports the libraries the built-in rewards among `functions` use, so that a process
+    that scores (a reward worker, as it loads its functions) pays for them before its first
+    call's deadline rather than during it."""
+    for fn in functions:
+        if (library := _LIBRARIES.get(fn)) is not None:
+            importlib.import_module(library)
 
 
 def resolve_reward(spec: str) -> RewardFn:

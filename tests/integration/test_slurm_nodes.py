@@ -36,7 +36,6 @@ from helper_slurm import (
 from jupyter_client.manager import start_new_kernel
 
 from forge.actors.trainer.checkpoint_folder import complete_steps, latest_step
-from forge.serve.attach import attach
 
 PARTITION = "two"
 _SKIP = no_slurm_reason(PARTITION)
@@ -136,8 +135,7 @@ def test_a_lost_trainer_node_requeues_the_job_and_the_run_resumes_from_its_check
     trainer's pending call finds its host lost by the provisioner's probe (Monarch would report
     its process dead minutes later), the driver names the node in one line and the job
     requeues itself; once the node is back, the same job resumes from the newest checkpoint
-    and takes each step once, and no episode is trained twice. Before the loss, its owner
-    attaches from this host to the driver on the job's first node, at the node's address."""
+    and takes each step once, and no episode is trained twice."""
     run_dir, steps = tmp_path / "run", 8
     one_core_each = ("trainer_resources.cpus_per_proc=1", "generator_resources.cpus_per_proc=1")
     args = (f"steps={steps}", "trainer.checkpoint.interval=2", *TWO_HOSTS, *one_core_each)
@@ -146,9 +144,6 @@ def test_a_lost_trainer_node_requeues_the_job_and_the_run_resumes_from_its_check
     job, log = submitted(out, run_dir)
     try:
         wait_until(lambda: len(_logged(run_dir)) >= 3, "three steps", log)
-        # Its owner attaches from this host, the login node, to the driver on the job's node.
-        live = attach(run_dir)
-        assert not live.loopback and live.status()["step"] >= 3
         placement = json.loads((run_dir / "placement.json").read_text())
         hosts = {m["mesh"]: m["hosts"] for m in placement}
         (node,) = set(hosts["TitanTrainer"]) - set(hosts["Generator"])
