@@ -12,7 +12,7 @@ import pytest
 
 SLOWEST_FIRST = (
     "e2e/test_learning.py",  # ~1500 s: every SmolLM2 learning run, one after another
-    "e2e/test_notebooks.py",  # ~740 s
+    "e2e/test_notebooks.py",  # ~520 s: 03 and 04 on the tiny models
     "e2e/test_grpo.py",  # ~540 s
     "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
     "e2e/test_chaos.py",  # ~380 s: one run killed nine times, relaunched twice
