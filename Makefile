@@ -14,11 +14,11 @@ ifeq ($(KIND),gpu)
 # `!=2.13.0+cpu` keeps pip off a local CPU wheel of the same version (.ci/check_gpu_extra.sh
 # dry-runs this install).
 TORCH := torch==2.13.0,!=2.13.0+cpu
-EXTRAS := gpu,dev,metrics,envs
+EXTRAS := gpu,dev,metrics,envs,serve
 OTHER := $(VENV)/.forge-installed-cpu $(VENV)/.forge-installed
 else
 TORCH := torch==2.13.0
-EXTRAS := cpu,dev,metrics,envs
+EXTRAS := cpu,dev,metrics,envs,serve
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 

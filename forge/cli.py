@@ -112,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     clean.set_defaults(command=_clean)
     _add_replay(commands)
     _add_status(commands)
+    _add_serve(commands)
     _add_plan(commands)
     _add_config(commands)
     return parser
@@ -294,6 +295,41 @@ def _submit(args: argparse.Namespace, overrides: list[str]) -> None:
     except SubmitError as e:
         _fail(f"submit: {e}")
     print(f"job: {job}\nrun folder: {run_dir}\nlog: {str(log).replace('%j', job)}")
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        usage="forge serve --config FILE [key=value ...]",
+        help="serve the Tinker API: the tinker SDK's loops train and sample with forge",
+        description="Start an HTTP server that speaks the Tinker REST API (docs/tinker.md) on "
+        "forge's trainer and generators, until Ctrl-C or SIGTERM.",
+    )
+    serve.add_argument(
+        "--config", metavar="FILE", type=Path, help="yaml config, e.g. configs/serve/tiny_cpu.yaml"
+    )
+    serve.set_defaults(command=_serve)
+
+
+def _serve(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`forge serve`: the Tinker API until stopped; library output in its folder's forge.log."""
+    from forge.loop.stop_signals import ShutdownConfig, Stopped, run_stoppable
+    from forge.serve.tinker.config import ServeConfig
+    from forge.serve.tinker.lifecycle import serve
+
+    if args.config is None:
+        _fail("error: forge serve needs --config FILE, e.g. --config configs/serve/tiny_cpu.yaml")
+    cfg = load_config(ServeConfig, args.config, overrides, available=True)
+    log = Path(cfg.state_dir) / "forge.log"
+    say(f"forge serve --config {args.config} | library output: {log}")
+    capture_to(log)
+    try:
+        run_stoppable(serve(cfg), ShutdownConfig().grace_s)
+    except (Stopped, KeyboardInterrupt):
+        say("forge serve: stopped")
+    except BaseException as e:
+        say(f"forge serve: failed: {_gist(e)} (details: {log})")
+        raise
 
 
 def _add_app_arguments(parser: argparse.ArgumentParser) -> None:

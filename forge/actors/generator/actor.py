@@ -116,6 +116,14 @@ class Generator(ForgeActor):
         with self._busy.busy(purpose), self._ends_with_the_engine():
             return await self.requests.generate(prompt, n, sampling)
 
+    @concurrent_endpoint
+    @retry_safe
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> list[float | None]:
+        """The logprob of each token of `prompt_ids` given the ones before it, under the
+        weights this generator serves (None for the first token, which nothing predicts)."""
+        with self._busy.busy("rollout"), self._ends_with_the_engine():
+            return await self.requests.prompt_logprobs(prompt_ids)
+
     @contextlib.contextmanager
     def _ends_with_the_engine(self) -> Iterator[None]:
         """A dead engine makes this a dead replica: the process ends before the failed call's

@@ -22,6 +22,8 @@ class SamplingConfig:
         max_tokens: sampled tokens per completion at most.
         seed: the engine's sampling seed; None: unseeded (a run's rollouts seed each request).
         ignore_eos: keep sampling past the end-of-sequence token, up to max_tokens (benchmarks).
+        stop: strings that end a completion (not part of it), besides the end-of-sequence token.
+        stop_token_ids: tokens that end a completion (part of it), likewise.
     """
 
     n: int = 1
@@ -31,6 +33,8 @@ class SamplingConfig:
     max_tokens: int = 64
     seed: int | None = None
     ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         at_least(self, 1, "n", "max_tokens")

@@ -75,6 +75,18 @@ class Requests:
             completions.append(sample.completion(prompt_ids, self.tokenizer))
         return completions
 
+    async def prompt_logprobs(self, prompt_ids: list[int]) -> list[float | None]:
+        """The logprob of each prompt token given the ones before it (None for the first),
+        under the weights the engine serves; see Generator.prompt_logprobs."""
+        params = self.sampling_params(1, {"max_tokens": 1}, len(prompt_ids))
+        params.prompt_logprobs = 0  # the actual token's, and no other
+        await self._settled()
+        final = await self._request(prompt_ids, params)
+        return [
+            None if position is None else position[token].logprob
+            for token, position in zip(prompt_ids, final.prompt_logprobs, strict=True)
+        ]
+
     def _cut_by_swap(self, epoch: int) -> bool:
         return self._aborting() or self._aborting_swaps() != epoch
 
@@ -133,7 +145,10 @@ class Requests:
             )
         try:
             return SamplingParams(
-                **values, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False
+                **values,
+                logprobs=0,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                detokenize=bool(values["stop"]),  # stop strings are matched in the text
             )
         except (ValueError, VLLMValidationError) as e:
             raise ValueError(f"bad sampling parameters: {e}") from None

@@ -20,6 +20,7 @@ from monarch.actor import endpoint
 
 from forge.actors.trainer.build import build_model
 from forge.actors.trainer.calibrate import calibrate
+from forge.actors.trainer.client_steps import AdamStep, ClientSteps, TokenDatum
 from forge.actors.trainer.config import TrainerConfig
 from forge.actors.trainer.export import export_hf
 from forge.actors.trainer.publish import Publisher
@@ -69,6 +70,7 @@ class TitanTrainer(ForgeActor):
         with phase("TitanTrainer", "model build"):
             self.model = build_model(self.cfg, self.weight_sync.lora, rank, world, device)
             self.training = Training(self.cfg, self.model)
+            self.client_steps = ClientSteps(self.training)
         t = self.training
         with phase("TitanTrainer", "checkpoint resume"):
             # Imported here: torch.distributed.checkpoint is a third of a second to import,
@@ -130,6 +132,31 @@ class TitanTrainer(ForgeActor):
         return self._digest
 
     @endpoint
+    async def forward_backward(
+        self,
+        data: list[list[TokenDatum]],
+        loss: str,
+        config: dict[str, float],
+        backward: bool = True,
+    ) -> tuple[list[list[float]], list[list[float]], float]:
+        """A client-driven pass (the Tinker API's forward / forward_backward) over `data[rank]`
+        per rank with built-in loss `loss` (forge.losses.tinker): this rank's data's target
+        logprobs and per-token losses, and the loss summed over every rank's. With `backward`
+        its gradients are added to those held until `optim_step`. Call on every rank."""
+        return await self.compute.run(
+            self.client_steps.forward_backward, self._mine(data), loss, config, backward
+        )
+
+    @endpoint
+    async def optim_step(self, adam: AdamStep) -> dict[str, float]:
+        """Applies the gradients `forward_backward` added since the last step (the Tinker
+        API's optim_step) and counts a step. Call on every rank."""
+        metrics = await self.compute.run(self.client_steps.optim_step, adam)
+        self.step += 1
+        self._digest = None
+        return metrics
+
+    @endpoint
     async def eval_loss(self, batches: list[list[Episode]]) -> float:
         """The objective's loss on `batches[rank]` per rank, without a step: a held-out loss."""
         return await self.compute.run(self.training.eval_loss, self._mine(batches))
@@ -140,7 +167,7 @@ class TitanTrainer(ForgeActor):
         `micro_batch_size` sequences per forward pass. Call on every rank with the same pairs."""
         return await self.compute.run(self.training.logprobs, pairs)
 
-    def _mine(self, batches: list[list[Episode]]) -> list[Episode]:
+    def _mine(self, batches: list[list[Any]]) -> list[Any]:
         """This rank's batch of `batches`, one per data-parallel rank."""
         if len(batches) != self.model.world:
             raise ValueError(
@@ -211,13 +238,16 @@ class TitanTrainer(ForgeActor):
         return await self.compute.run(self.checkpointer.save, self.step, background)
 
     @endpoint
-    async def load_checkpoint(self, folder: str, step: int) -> None:
+    async def load_checkpoint(self, folder: str, step: int, optimizer: bool = True) -> None:
         """Loads checkpoint `step` of `folder` (model, optimizer, scheduler, step, RNG) in place
         of the current state; step 0 is the weights the trainer was built with, untouched.
+        Without `optimizer` the optimizer starts afresh (no moments) on the loaded weights.
         Call on every rank: `forge replay` starts from it."""
         if step:
             self.step = await self.compute.run(self.checkpointer.load, folder, step)
             self._digest = None
+        if not optimizer:
+            self.training.optimizer.state.clear()
 
     @endpoint
     async def set_optimisation(self, cfg: TrainerConfig) -> None:

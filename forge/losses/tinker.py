@@ -1,0 +1,100 @@
+"""The Tinker API's built-in losses, as `forward_backward(data, loss_fn=NAME)` computes them.
+
+Each datum brings its own per-token inputs (`loss_fn_inputs`): the target tokens, and per loss
+`weights` (cross-entropy) or the sampler's `logprobs` and `advantages` (policy gradients). A
+loss is a sum over tokens, with no normalisation: the caller's weights and advantages carry any
+it wants (the Tinker service's definition, so a client's numbers mean the same here). Each
+function takes the trainer's logprobs of the target tokens ([batch, seq], with grad) and the
+inputs, and gives the loss per token; positions outside `mask` (padding) give 0.
+
+The policy-gradient losses' importance ratio p_theta / q keeps its gradient, unlike the
+trainer's own IS corrections (forge.losses.importance), whose weights are constants.
+"""
+
+from collections.abc import Callable
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+TinkerLoss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
+TINKER_LOSSES: tuple[str, ...] = get_args(TinkerLoss)
+
+# The loss_fn_inputs each loss reads, besides "target_tokens".
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("weights",),
+    "importance_sampling": ("logprobs", "advantages"),
+    "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+}
+
+# The loss_fn_config keys each loss takes, with their defaults: the clipped ratio's bounds.
+LOSS_CONFIG: dict[str, dict[str, float]] = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+}
+
+PerToken = Callable[[Tensor, dict[str, Tensor], dict[str, float]], Tensor]
+
+
+def _cross_entropy(logprobs: Tensor, x: dict[str, Tensor], _: dict[str, float]) -> Tensor:
+    return -x["weights"] * logprobs
+
+
+def _ratio(logprobs: Tensor, x: dict[str, Tensor]) -> Tensor:
+    return torch.exp(logprobs - x["logprobs"])
+
+
+def _importance_sampling(logprobs: Tensor, x: dict[str, Tensor], _: dict[str, float]) -> Tensor:
+    return -_ratio(logprobs, x) * x["advantages"]
+
+
+def _ppo(logprobs: Tensor, x: dict[str, Tensor], c: dict[str, float]) -> Tensor:
+    ratio, advantages = _ratio(logprobs, x), x["advantages"]
+    clipped = ratio.clamp(c["clip_low_threshold"], c["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def _cispo(logprobs: Tensor, x: dict[str, Tensor], c: dict[str, float]) -> Tensor:
+    weight = _ratio(logprobs, x).clamp(c["clip_low_threshold"], c["clip_high_threshold"])
+    return -weight.detach() * logprobs * x["advantages"]
+
+
+_PER_TOKEN: dict[str, PerToken] = {
+    "cross_entropy": _cross_entropy,
+    "importance_sampling": _importance_sampling,
+    "ppo": _ppo,
+    "cispo": _cispo,
+}
+
+
+def loss_config(name: str, given: dict[str, float] | None) -> dict[str, float]:
+    """`name`'s settings: its defaults, updated by `given`.
+
+    Raises:
+        ValueError: `name` is not a built-in loss, or `given` holds a key it does not take.
+    """
+    if name not in TINKER_LOSSES:
+        raise ValueError(f"unknown loss_fn {name!r}: this server has {', '.join(TINKER_LOSSES)}")
+    defaults = LOSS_CONFIG[name]
+    if unknown := sorted(set(given or {}) - set(defaults)):
+        raise ValueError(f"loss_fn {name!r} takes no loss_fn_config key {', '.join(unknown)}")
+    return {**defaults, **(given or {})}
+
+
+def per_token_loss(
+    name: str, logprobs: Tensor, inputs: dict[str, Tensor], mask: Tensor, config: dict[str, float]
+) -> Tensor:
+    """Loss `name` per token ([batch, seq]): 0 outside `mask`, where the inputs are padding.
+
+    Args:
+        name: a TinkerLoss.
+        logprobs: the trainer's logprobs of the target tokens, with grad.
+        inputs: LOSS_INPUTS[name], each [batch, seq].
+        mask: the real positions of each datum.
+        config: loss_config(name, ...).
+    """
+    safe = torch.where(mask, logprobs, 0.0)  # padding's logprobs may be anything; keep it finite
+    return torch.where(mask, _PER_TOKEN[name](safe, inputs, config), 0.0)
