@@ -50,6 +50,7 @@ BENCHES = [
     ("record", "python bench/record.py", "record"),
     ("chaos", "python bench/chaos.py", "chaos"),
     ("attach", "python bench/attach.py", "attach"),
+    ("tinker_overhead", "python bench/tinker_overhead.py", "tinker_overhead"),
     ("suite", "python bench/suite.py", "suite"),
 ]
 VARIANTS = {

@@ -136,6 +136,20 @@ def test_each_loss_sums_its_per_token_formula_over_the_returned_logprobs(model):
         assert math.isclose(out.metrics["loss:sum"], expected, rel_tol=1e-4), name
 
 
+def test_a_custom_loss_trains_through_forward_and_weighted_cross_entropy(model):
+    """forward_backward_custom: the SDK takes logprobs by `forward`, differentiates the
+    client's loss, and sends the gradient back as cross-entropy weights."""
+    batch = [datum(s, weights=[1.0] * (len(s) - 1)) for s in SEQUENCES]
+    nll = model.forward(batch, "cross_entropy").result(timeout=TIMEOUT).metrics["loss:sum"]
+
+    def custom(data, logprobs):
+        loss = -sum(lp.sum() for lp in logprobs)
+        return loss, {"custom_nll:sum": float(loss.detach())}
+
+    out = model.forward_backward_custom(batch, custom).result(timeout=TIMEOUT)
+    assert math.isclose(out.metrics["custom_nll:sum"], nll, rel_tol=1e-5)
+
+
 def test_steps_lower_the_loss_and_the_sampler_serves_exactly_the_saved_weights(model):
     batch = [datum(s, weights=[1.0] * (len(s) - 1)) for s in SEQUENCES]
     losses = []

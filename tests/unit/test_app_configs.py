@@ -4,7 +4,7 @@ cannot run here): a wrong key or type in them fails this test, not a cluster job
 from pathlib import Path
 
 import pytest
-from helper_configs import APPS, CONFIGS, ROOT
+from helper_configs import APPS, CONFIGS, ROOT, SERVE_CONFIGS
 
 from forge.cli import load_app
 from forge.config import ConfigError, FieldError, load_config
@@ -18,6 +18,18 @@ def schema(config: Path) -> type:
 
 def test_every_config_folder_belongs_to_an_app():
     assert {p.parent.name for p in CONFIGS} == set(APPS)
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=[p.stem for p in SERVE_CONFIGS])
+def test_serve_config_loads_and_a_wrong_key_is_one_line(path):
+    from forge.serve.tinker.config import ServeConfig
+
+    cfg = load_config(ServeConfig, path, available=True)
+    assert cfg.host == "127.0.0.1" and cfg.base_models
+    with pytest.raises(ConfigError, match=r"command line: max_model: .*max_models"):
+        load_config(ServeConfig, path, ["max_model=3"])
+    with pytest.raises(ConfigError, match="command line: base_models: must be at least one"):
+        load_config(ServeConfig, path, ["base_models=[]"])
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.stem}" for p in CONFIGS])

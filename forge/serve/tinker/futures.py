@@ -73,6 +73,11 @@ class Futures:
             return {"error": one_line(error), "category": "user" if user else "server"}
         return task.result()
 
+    def cancel(self, request_id: str) -> None:
+        """Cancels `request_id` if it is still running: its result says so."""
+        if (task := self._tasks.get(request_id)) is not None:
+            task.cancel()
+
     def cancel_all(self) -> None:
         for task in self._tasks.values():
             task.cancel()
@@ -125,6 +130,11 @@ class SeqOrder:
             raise QueueFull(f"{self.max_pending} requests of this model are queued already")
         self._ids[seq_id] = request_id = self.futures.submit(self._in_turn(seq_id, work))
         return request_id
+
+    def cancel(self) -> None:
+        """Cancels every request of the model that has not finished (its model is closed)."""
+        for request_id in self._ids.values():
+            self.futures.cancel(request_id)
 
     async def _in_turn(self, seq_id: int, work: Callable[[], Awaitable[Any]]) -> Any:
         async with self._turn:

@@ -46,7 +46,7 @@ async def serve(cfg: ServeConfig) -> None:
     shm = ShmFolder.create(run_folder(state_dir).name.removeprefix("forge-"), "forge serve")
     get_provisioner().own(shm)
     server = TinkerServer(cfg, key, shm.path)
-    config = uvicorn.Config(server.app(), log_level="warning")
+    config = uvicorn.Config(server.app(), log_level="warning", lifespan="off")
     http = _Server(config)
     listener = _listen(cfg.host, cfg.port)
     port = listener.getsockname()[1]

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from forge.models import resolve_model
 from forge.observability.console import say
 from forge.serve.tinker.config import ServeConfig
-from forge.serve.tinker.futures import Binary, Futures, QueueFull, UserError
+from forge.serve.tinker.futures import Binary, Futures, QueueFull, UserError, one_line
 from forge.serve.tinker.tenants import ModelSpec, Tenant
 from forge.serve.tinker.wire import PROTOBUF, WireError, read_forward_backward
 
@@ -136,6 +136,9 @@ class TinkerServer:
                 answer = await handler(request)
             except Refused as refused:
                 return JSONResponse({"detail": refused.detail}, status_code=refused.status)
+            except (ValueError, TypeError) as error:  # a field of the wrong kind: not retried
+                detail = f"{request.url.path}: {one_line(error)}"
+                return JSONResponse({"detail": detail}, status_code=400)
             return answer if isinstance(answer, Response) else JSONResponse(answer)
 
         return route
@@ -432,6 +435,8 @@ class TinkerServer:
         tenant = self.tenants.get(body.get("model_id", ""))
         if tenant is None:
             raise Refused(404, f"no model {body.get('model_id')!r} on this server (closed?)")
+        # A client at work is alive, whether or not its heartbeats got through.
+        self._session({"session_id": tenant.model_id.split(":train:")[0]})
         return tenant
 
     def _sampler(self, sampler_id: str) -> Sampler:

@@ -99,7 +99,11 @@ class Tenant:
         )
         generator_cfg = dataclasses.replace(cfg.generator, model=path)
         trainer = await TitanTrainer.options(procs=1).as_actor(trainer_cfg, sync)
-        generator = await Generator.options(num_replicas=1).as_service(generator_cfg, sync)
+        try:
+            generator = await Generator.options(num_replicas=1).as_service(generator_cfg, sync)
+        except BaseException:
+            await TitanTrainer.shutdown(trainer)
+            raise
         order = SeqOrder(futures, cfg.max_pending)
         return cls(model_id, spec, folder, trainer, generator, sync, order)
 
@@ -178,7 +182,9 @@ class Tenant:
         return Binary(sample_response([sequence], values))
 
     async def close(self) -> None:
-        """Stops the trainer and the sampler engine; their weight versions are removed."""
+        """Stops the trainer and the sampler engine, failing the requests still queued or
+        running; their weight versions are removed."""
+        self.order.cancel()
         await self.generator.shutdown()
         await TitanTrainer.shutdown(self.trainer)
         await _transport(self.sync).clear()
