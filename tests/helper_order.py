@@ -12,7 +12,7 @@ import pytest
 
 SLOWEST_FIRST = (
     "e2e/test_learning.py",  # ~1500 s: every SmolLM2 learning run, one after another
-    "e2e/test_notebooks.py",  # ~520 s: 03 and 04 on the tiny models
+    "e2e/test_notebooks.py",  # ~620 s: 03 and 04 on the tiny models, 07 against forge serve
     "e2e/test_grpo.py",  # ~540 s
     "e2e/test_docs_examples.py",  # ~400 s: the docs' runnable blocks, two tiny runs among them
     "e2e/test_chaos.py",  # ~380 s: one run killed nine times, relaunched twice
@@ -23,6 +23,7 @@ SLOWEST_FIRST = (
     "e2e/test_distillation.py",  # ~300 s
     "e2e/test_colocated.py",  # ~300 s
     "integration/test_slurm.py",  # ~250 s
+    "integration/test_tinker_server.py",  # ~200 s: forge serve and four models, one restart
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
     "e2e/test_given_back.py",  # ~140 s
     "integration/test_generator_service.py",  # ~130 s

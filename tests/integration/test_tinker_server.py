@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import tinker
 from tinker import types
@@ -229,11 +230,26 @@ def test_a_client_that_stops_its_heartbeats_is_dropped_with_its_model(server, mo
         assert result.get("type") == "try_again", result
         beat = {"session_id": session["session_id"]}  # alive while the model starts, then silent
         httpx.post(f"{url}/api/v1/session_heartbeat", json=beat, headers=headers)
-    info = {"model_id": result["model_id"]}
-    assert httpx.post(f"{url}/api/v1/get_info", json=info, headers=headers).status_code == 200
+    # A sampler of it; a look-up of a sampler is no sign of the client's life, as its requests
+    # to the model are.
+    save = {"model_id": result["model_id"], "seq_id": 1, "sampling_session_seq_id": 0}
+    future = httpx.post(f"{url}/api/v1/save_weights_for_sampler", json=save, headers=headers)
+    while "sampling_session_id" not in (
+        saved := httpx.post(
+            f"{url}/api/v1/retrieve_future", json=future.json(), headers=headers, timeout=60
+        ).json()
+    ):
+        assert saved.get("type") == "try_again", saved
+    sampler = f"{url}/api/v1/samplers/{saved['sampling_session_id']}"
+    assert httpx.get(sampler, headers=headers).status_code == 200
+    processes = len(psutil.Process(server[2].pid).children(recursive=True))
     deadline = time.monotonic() + 120
-    while httpx.post(f"{url}/api/v1/get_info", json=info, headers=headers).status_code != 404:
+    while httpx.get(sampler, headers=headers).status_code != 404:
         assert time.monotonic() < deadline, "the silent session was never closed"
+        time.sleep(0.5)
+    # Its trainer's and generator's processes are gone (polled: they exit as they are told).
+    while len(psutil.Process(server[2].pid).children(recursive=True)) >= processes:
+        assert time.monotonic() < deadline, "the closed model's processes are still running"
         time.sleep(0.5)
     # The SDK's session, which sends heartbeats, is still served.
     batch = [datum(SEQUENCES[1], weights=[1.0] * 4)]
