@@ -231,7 +231,9 @@ start_slurm() {
         stop_slurm
         rm -f "$ROOT/run/conf-changed"
     fi
-    start_daemon slurmctld /usr/sbin/slurmctld
+    # -c: no jobs from an earlier slurmctld. A machine image taken while a test's job ran
+    # (or a killed slurmctld) would otherwise bring that job back, its node 'alloc' for good.
+    start_daemon slurmctld /usr/sbin/slurmctld -c
     start_daemon "slurmd-$HOST" /usr/sbin/slurmd
     [[ $two == yes ]] || return 0
     for node in "${NODES[@]}"; do
