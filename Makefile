@@ -22,7 +22,7 @@ EXTRAS := cpu,dev,metrics,envs,serve
 OTHER := $(VENV)/.forge-installed-gpu
 endif
 
-.PHONY: install grpo grpo-lora grpo-own-data distill sft agent test lint demo bench bench-report lab clean
+.PHONY: install grpo grpo-lora grpo-own-data distill sft agent tinker tinker-env test lint demo bench bench-report lab clean
 
 install: $(STAMP)
 
@@ -70,12 +70,29 @@ agent: $(STAMP)
 	test -f runs/sft-tool-demos-smollm2-cpu/hf/config.json || $(PY) -m forge run apps/sft/main.py --config configs/sft/tool_demos_smollm2_cpu.yaml
 	$(PY) -m forge run apps/grpo/main.py --config $(AGENT) $(ARGS)
 
-test: $(STAMP)
+# The Tinker API (docs/tinker.md): tinker-cookbook's RL loop (examples/tinker/rl_additions.py)
+# against `forge serve` on SmolLM2. The client lives in a venv of its own, as on a Tinker user's
+# laptop: the cookbook pins a transformers older than forge's.
+TINKER_VENV := .venv-tinker
+TINKER_STAMP := $(TINKER_VENV)/.tinker-installed
+tinker: $(STAMP) $(TINKER_STAMP)
+	$(PY) examples/tinker/with_server.py --config configs/serve/smollm2_cpu.yaml -- \
+		$(TINKER_VENV)/bin/python examples/tinker/rl_additions.py log_path=runs/tinker-rl-additions $(ARGS)
+
+tinker-env: $(TINKER_STAMP)
+
+$(TINKER_STAMP): Makefile
+	test -x $(TINKER_VENV)/bin/python || $(PYTHON) -m venv $(TINKER_VENV)
+	# torch 2.13.0: the local CPU wheel (the cookbook asks for torch>=2.10, which pulls CUDA's).
+	$(TINKER_VENV)/bin/python -m pip install -q torch==2.13.0 tinker==0.38.0 tinker-cookbook==0.5.8
+	touch $(TINKER_STAMP)
+
+test: $(STAMP) $(TINKER_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check forge apps bench tests notebooks
-	$(VENV)/bin/ruff format --check forge apps bench tests notebooks
+	$(VENV)/bin/ruff check forge apps bench tests notebooks examples
+	$(VENV)/bin/ruff format --check forge apps bench tests notebooks examples
 
 demo: $(STAMP)
 	$(PY) apps/demo/services.py
@@ -93,4 +110,4 @@ bench-report:
 	$(PYTHON) bench/report.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(TINKER_VENV)

@@ -25,6 +25,7 @@ SLOWEST_FIRST = (
     "integration/test_slurm.py",  # ~250 s
     "integration/test_tinker_server.py",  # ~200 s: forge serve and four models, one restart
     "e2e/test_own_data.py",  # ~180 s: GRPO killed and resumed, then SFT beside distillation
+    "e2e/test_tinker_cookbook.py",  # ~200 s: the cookbook's SL and RL loops, a server each
     "e2e/test_given_back.py",  # ~140 s
     "integration/test_generator_service.py",  # ~130 s
     "e2e/test_stop_signals.py",  # ~80 s: two runs stopped by SIGTERM, one resumed

@@ -8,7 +8,8 @@ function takes the trainer's logprobs of the target tokens ([batch, seq], with g
 inputs, and gives the loss per token; positions outside `mask` (padding) give 0.
 
 The policy-gradient losses' importance ratio p_theta / q keeps its gradient, unlike the
-trainer's own IS corrections (forge.losses.importance), whose weights are constants.
+trainer's own IS corrections (forge.losses.importance), whose weights are constants. DRO takes
+no ratio: the policy gradient on the sampler's tokens minus beta/2 times the squared log-ratio.
 """
 
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-TinkerLoss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
+TinkerLoss = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 TINKER_LOSSES: tuple[str, ...] = get_args(TinkerLoss)
 
 # The loss_fn_inputs each loss reads, besides "target_tokens".
@@ -26,6 +27,7 @@ LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
     "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
 }
 
 # The loss_fn_config keys each loss takes, with their defaults: the clipped ratio's bounds.
@@ -34,7 +36,10 @@ LOSS_CONFIG: dict[str, dict[str, float]] = {
     "importance_sampling": {},
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "dro": {},
 }
+# The keys a loss needs the caller to give: DRO's penalty weight has no published default.
+REQUIRED_CONFIG: dict[str, tuple[str, ...]] = {"dro": ("beta",)}
 
 PerToken = Callable[[Tensor, dict[str, Tensor], dict[str, float]], Tensor]
 
@@ -62,11 +67,18 @@ def _cispo(logprobs: Tensor, x: dict[str, Tensor], c: dict[str, float]) -> Tenso
     return -weight.detach() * logprobs * x["advantages"]
 
 
+def _dro(logprobs: Tensor, x: dict[str, Tensor], c: dict[str, float]) -> Tensor:
+    # The policy gradient minus a quadratic penalty on the log-ratio to the sampler.
+    penalty = 0.5 * c["beta"] * (logprobs - x["logprobs"]) ** 2
+    return -(logprobs * x["advantages"] - penalty)
+
+
 _PER_TOKEN: dict[str, PerToken] = {
     "cross_entropy": _cross_entropy,
     "importance_sampling": _importance_sampling,
     "ppo": _ppo,
     "cispo": _cispo,
+    "dro": _dro,
 }
 
 
@@ -74,13 +86,16 @@ def loss_config(name: str, given: dict[str, float] | None) -> dict[str, float]:
     """`name`'s settings: its defaults, updated by `given`.
 
     Raises:
-        ValueError: `name` is not a built-in loss, or `given` holds a key it does not take.
+        ValueError: `name` is not a built-in loss, or `given` holds a key it does not take or
+            lacks one it needs.
     """
     if name not in TINKER_LOSSES:
         raise ValueError(f"unknown loss_fn {name!r}: this server has {', '.join(TINKER_LOSSES)}")
-    defaults = LOSS_CONFIG[name]
-    if unknown := sorted(set(given or {}) - set(defaults)):
+    defaults, required = LOSS_CONFIG[name], REQUIRED_CONFIG.get(name, ())
+    if unknown := sorted(set(given or {}) - set(defaults) - set(required)):
         raise ValueError(f"loss_fn {name!r} takes no loss_fn_config key {', '.join(unknown)}")
+    if missing := [key for key in required if key not in (given or {})]:
+        raise ValueError(f"loss_fn {name!r} needs loss_fn_config key {', '.join(missing)}")
     return {**defaults, **(given or {})}
 
 

@@ -108,7 +108,7 @@ def test_each_loss_sums_its_per_token_formula_over_the_returned_logprobs(model):
     data = {
         "cross_entropy": [datum(s, weights=[1.0] * (len(s) - 1)) for s in SEQUENCES],
     }
-    for name in ("importance_sampling", "ppo", "cispo"):
+    for name in ("importance_sampling", "ppo", "cispo", "dro"):
         data[name] = [
             datum(
                 s,
@@ -117,8 +117,10 @@ def test_each_loss_sums_its_per_token_formula_over_the_returned_logprobs(model):
             )
             for s in SEQUENCES
         ]
+    beta = 0.05  # dro's penalty weight
     for name, batch in data.items():
-        out = model.forward(batch, name).result(timeout=TIMEOUT)
+        config = {"beta": beta} if name == "dro" else None
+        out = model.forward(batch, name, loss_fn_config=config).result(timeout=TIMEOUT)
         expected = 0.0
         for d, o in zip(batch, out.loss_fn_outputs, strict=True):
             lp = o["logprobs"].to_numpy().astype(np.float64)
@@ -132,6 +134,8 @@ def test_each_loss_sums_its_per_token_formula_over_the_returned_logprobs(model):
                 expected += -(ratio * a).sum()
             elif name == "ppo":
                 expected += -np.minimum(ratio * a, np.clip(ratio, 0.8, 1.2) * a).sum()
+            elif name == "dro":
+                expected += -(lp * a - 0.5 * beta * (lp - x["logprobs"]) ** 2).sum()
             else:
                 expected += -(np.clip(ratio, 0.8, 1.2) * lp * a).sum()
         assert math.isclose(out.metrics["loss:sum"], expected, rel_tol=1e-4), name

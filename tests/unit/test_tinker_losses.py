@@ -72,6 +72,24 @@ def test_cispo_weights_the_logprob_by_the_clipped_ratio_without_its_gradient():
     torch.testing.assert_close(grad_of(loss, logprobs), expected)
 
 
+def test_dro_is_the_policy_gradient_at_the_sampler_and_pulls_back_toward_it_away():
+    """At the sampler's logprobs the penalty and its gradient vanish: the gradient is
+    -advantage per token. Away from them, the penalty's gradient is beta x the log-ratio."""
+    logprobs, behaviour, mask, advantages = batch(5)
+    per_token_advantages = advantages[:, None].expand_as(logprobs)
+    config = loss_config("dro", {"beta": 0.5})
+    on_policy = {"logprobs": logprobs.detach(), "advantages": per_token_advantages}
+    loss = per_token_loss("dro", logprobs, on_policy, mask, config).sum()
+    torch.testing.assert_close(
+        grad_of(loss, logprobs), torch.where(mask, -per_token_advantages, 0.0)
+    )
+    off_policy = {"logprobs": behaviour, "advantages": per_token_advantages}
+    loss = per_token_loss("dro", logprobs, off_policy, mask, config).sum()
+    pull = 0.5 * (logprobs.detach() - behaviour)
+    expected = torch.where(mask, -per_token_advantages + pull, 0.0)
+    torch.testing.assert_close(grad_of(loss, logprobs), expected)
+
+
 @pytest.mark.parametrize("name", TINKER_LOSSES)
 def test_padding_gives_no_loss_and_no_gradient_even_when_it_holds_inf(name):
     logprobs, behaviour, mask, advantages = batch(4)
@@ -82,7 +100,8 @@ def test_padding_gives_no_loss_and_no_gradient_even_when_it_holds_inf(name):
         "logprobs": behaviour,
         "advantages": advantages[:, None].expand_as(logprobs),
     }
-    loss = per_token_loss(name, logprobs, inputs, mask, loss_config(name, {}))
+    config = loss_config(name, {"beta": 0.1} if name == "dro" else {})
+    loss = per_token_loss(name, logprobs, inputs, mask, config)
     assert torch.all(loss[~mask] == 0)
     grad = grad_of(loss.sum(), logprobs)
     assert torch.isfinite(grad).all() and torch.all(grad[~mask] == 0)
@@ -93,3 +112,5 @@ def test_unknown_loss_and_config_key_are_named():
         loss_config("dpo", {})
     with pytest.raises(ValueError, match="takes no loss_fn_config key clip_eps"):
         loss_config("ppo", {"clip_eps": 0.1})
+    with pytest.raises(ValueError, match="'dro' needs loss_fn_config key beta"):
+        loss_config("dro", {})

@@ -32,8 +32,15 @@ def engine_args(cfg: EngineSettings, weight_sync: WeightSyncConfig, path: Path) 
 
     lora: dict[str, Any] = {}
     if (adapter := weight_sync.served_adapter()) is not None:
-        # One adapter, replaced in place by each version.
-        lora = dict(enable_lora=True, max_lora_rank=max_lora_rank(adapter.rank), max_loras=1)
+        # One adapter, replaced in place by each version. Only its target modules are wrapped:
+        # vLLM 0.32.0 otherwise wraps lm_head too, whose LoRA path mis-shapes the prompt
+        # logprobs of a batch of requests and kills the engine (vllm-project/vllm#29955).
+        lora = dict(
+            enable_lora=True,
+            max_lora_rank=max_lora_rank(adapter.rank),
+            max_loras=1,
+            lora_target_modules=sorted(adapter.target_modules),
+        )
     return AsyncEngineArgs(
         model=str(path),
         dtype=weight_sync.dtype,

@@ -56,7 +56,8 @@ async def serve(cfg: ServeConfig) -> None:
         serving = asyncio.ensure_future(http.serve(sockets=[listener]))
         address = {"host": cfg.host, "port": port, "pid": os.getpid()}
         (state_dir / ADDRESS_FILE).write_text(json.dumps(address))
-        say(f"forge serve: Tinker API at http://{cfg.host}:{port} (key: {state_dir / KEY_FILE})")
+        where = "TINKER_API_KEY" if os.environ.get("TINKER_API_KEY") else state_dir / KEY_FILE
+        say(f"forge serve: Tinker API at http://{cfg.host}:{port} (key: {where})")
         await serving
     finally:
         reaper.cancel()

@@ -9,6 +9,7 @@ and every other session goes on.
 """
 
 import asyncio
+import contextlib
 import hmac
 import itertools
 import json
@@ -446,10 +447,16 @@ class TinkerServer:
         return sampler
 
     def _base(self, name: Any) -> str:
-        if name not in self.cfg.base_models:
-            served = ", ".join(self.cfg.base_models)
-            raise Refused(400, f"base_model {name!r} is not served here (serving: {served})")
-        return name
+        """A served model's name, or a local folder holding one: a client that loads its
+        tokenizer from that folder (tinker-cookbook does) sends the folder as its model."""
+        if name in self.cfg.base_models:
+            return name
+        if isinstance(name, str) and name.startswith("/"):
+            with contextlib.suppress(ValueError):
+                if resolve_model(name) in {resolve_model(m) for m in self.cfg.base_models}:
+                    return name
+        served = ", ".join(self.cfg.base_models)
+        raise Refused(400, f"base_model {name!r} is not served here (serving: {served})")
 
 
 async def _json(request: Request) -> dict:

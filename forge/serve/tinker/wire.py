@@ -78,7 +78,8 @@ def _datum(index: int, datum: pb.Datum) -> TokenDatum:
                 f"datum {index}: only text chunks are served, not {chunk.WhichOneof('chunk')}"
             )
         tokens += np.frombuffer(chunk.encoded_text.tokens, np.int32).tolist()
-    inputs = {name: _vector(index, name, t) for name, t in datum.loss_fn_inputs.items()}
+    # By name: a protobuf map's order varies, and the first misfit is the one named.
+    inputs = {name: _vector(index, name, t) for name, t in sorted(datum.loss_fn_inputs.items())}
     for name, values in inputs.items():
         if len(values) != len(tokens):
             raise WireError(
