@@ -135,10 +135,10 @@ def build_config_blueprint(model_name: str, renderer_name: str) -> chz.Blueprint
             "dataset_builder": AdditionsBuilder,
             "dataset_builder.model_name_for_tokenizer": model_name,
             "dataset_builder.renderer_name": renderer_name,
-            "learning_rate": 1e-4,
+            "learning_rate": 3e-4,
             "lora_rank": 16,
             "max_tokens": 16,
-            "eval_every": 2,
+            "eval_every": 4,
             "save_every": 0,
         }
     )
