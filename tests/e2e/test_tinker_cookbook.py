@@ -11,7 +11,11 @@ from forge.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / ".venv-tinker" / "bin" / "python"
-TINY = resolve_model("tiny-llama")  # a folder: the client loads the tokenizer from it
+
+
+def tiny_model_folder() -> Path:
+    """The tiny model's folder: the client loads the tokenizer from the name it sends."""
+    return resolve_model("tiny-llama")
 
 
 def cookbook_run(tmp_path: Path, config: str, script: str, *settings: str) -> list[dict]:
@@ -38,7 +42,7 @@ def test_the_cookbooks_supervised_loop_lowers_the_held_out_loss_on_the_tiny_mode
         tmp_path,
         "tiny_cpu.yaml",
         "sl_conversations.py",
-        f"model_name={TINY}",
+        f"model_name={tiny_model_folder()}",
         "max_steps=6",
         "eval_every=5",
         "learning_rate=5e-3",
@@ -60,7 +64,7 @@ def test_the_cookbooks_rl_loop_samples_grades_and_trains_on_the_tiny_model(tmp_p
         tmp_path,
         "tiny_cpu.yaml",
         "rl_additions.py",
-        f"model_name={TINY}",
+        f"model_name={tiny_model_folder()}",
         "max_steps=2",
         "eval_every=2",
         "dataset_builder.batch_size=2",
