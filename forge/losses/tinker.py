@@ -91,12 +91,13 @@ def loss_config(name: str, given: dict[str, float] | None) -> dict[str, float]:
     """
     if name not in TINKER_LOSSES:
         raise ValueError(f"unknown loss_fn {name!r}: this server has {', '.join(TINKER_LOSSES)}")
+    given = given or {}
     defaults, required = LOSS_CONFIG[name], REQUIRED_CONFIG.get(name, ())
-    if unknown := sorted(set(given or {}) - set(defaults) - set(required)):
+    if unknown := sorted(set(given) - set(defaults) - set(required)):
         raise ValueError(f"loss_fn {name!r} takes no loss_fn_config key {', '.join(unknown)}")
-    if missing := [key for key in required if key not in (given or {})]:
+    if missing := [key for key in required if key not in given]:
         raise ValueError(f"loss_fn {name!r} needs loss_fn_config key {', '.join(missing)}")
-    return {**defaults, **(given or {})}
+    return {**defaults, **given}
 
 
 def per_token_loss(
