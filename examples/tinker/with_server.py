@@ -8,10 +8,11 @@ the `tinker` SDK looks for them (TINKER_BASE_URL, TINKER_API_KEY), and the local
 served model in FORGE_MODEL_DIR (the cookbook loads its tokenizer from there). The server's
 console lines go to `<state_dir>/serve.out`. The server is stopped (SIGTERM, which it ends on as
 on Ctrl-C) when the command ends, however it ends, and when this script is interrupted or sent
-SIGTERM; the script exits with the command's status.
+SIGTERM or SIGKILL; the script exits with the command's status.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import secrets
@@ -25,7 +26,14 @@ from forge.config import load_config
 from forge.models import resolve_model
 from forge.serve.tinker.config import ServeConfig
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_S = 300  # the server's start: converting the model once, loading its imports
+
+
+def _term_with_parent() -> None:
+    """In the server's process before it starts: Linux sends it SIGTERM when this script
+    dies, SIGKILL included (prctl PR_SET_PDEATHSIG), so no server outlives its client."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start(config: Path, overrides: list[str], state_dir: Path, key: str) -> subprocess.Popen:
@@ -42,6 +50,7 @@ def start(config: Path, overrides: list[str], state_dir: Path, key: str) -> subp
         # A session of its own: a terminal's Ctrl-C reaches this script and the command, and
         # the server gets one SIGTERM from `stop` (a second signal would cut its cleanup short).
         start_new_session=True,
+        preexec_fn=_term_with_parent,
     )
     deadline = time.monotonic() + START_S
     while not address.exists():
