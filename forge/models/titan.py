@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from forge.models.titan_compat import compile_on_first_call
+
 _LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
 _NORM_INIT = {"weight": nn.init.ones_}
 _EMBED_INIT = {"weight": partial(nn.init.normal_, std=0.02)}
@@ -32,13 +34,14 @@ class TitanModel:
 
 
 def _families() -> dict[str, tuple]:
-    from torchtitan.models.common import ComplexRoPE, CosSinRoPE
-    from torchtitan.models.llama3 import Llama3Model
-    from torchtitan.models.llama3.model import Llama3TransformerBlock
-    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
-    from torchtitan.models.qwen3 import Qwen3Model
-    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
-    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+    with compile_on_first_call():  # torchtitan compiles flex attention at import
+        from torchtitan.models.common import ComplexRoPE, CosSinRoPE
+        from torchtitan.models.llama3 import Llama3Model
+        from torchtitan.models.llama3.model import Llama3TransformerBlock
+        from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+        from torchtitan.models.qwen3 import Qwen3Model
+        from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+        from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
     return {
         "llama": (Llama3Model, Llama3TransformerBlock, ComplexRoPE, Llama3StateDictAdapter),

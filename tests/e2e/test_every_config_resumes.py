@@ -1,8 +1,9 @@
 """Every app's tiny config resumes as shipped (no checkpoint key in its yaml): killed, the same
 command, asked for one more step, resumes from the checkpoint and takes each step once;
 finished, it says so. GRPO's tiny config is tests/e2e/test_resume.py's, which also checks that
-a resumed run is exact; a larger `steps=` continuing a finished run is the same resume from the
-newest checkpoint (tests/unit/test_run_folder.py)."""
+a resumed run is exact; the agent's tiny config (GRPO's app with an environment service) is
+tests/e2e/test_chaos.py's, whose run is ended twice and run again; a larger `steps=` continuing
+a finished run is the same resume from the newest checkpoint (tests/unit/test_run_folder.py)."""
 
 import os
 import signal
@@ -13,11 +14,10 @@ from helper_runs import console, finish_all, forge_run, kill_groups_after_a_chec
 pytestmark = pytest.mark.integration
 
 STEPS = 6
-# app -> its tiny config (the agent config is GRPO's app with an environment service)
+# app -> its tiny config
 CONFIGS = {
     "distillation": "configs/distillation/tiny_cpu.yaml",
     "sft": "configs/sft/tiny_cpu.yaml",
-    "grpo": "configs/agent/tiny_cpu.yaml",
 }
 
 

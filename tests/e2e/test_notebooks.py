@@ -39,6 +39,7 @@ RUN_LOG = {"06_live_run": ROOT / "runs" / "notebook-06"}
 # What the tests run a notebook on, where it runs something larger by hand.
 TINY = {"FORGE_NOTEBOOK_CONFIG": "configs/grpo/tiny_cpu.yaml"}
 ENVIRONMENT = {
+    "02_generator_and_weights": {"FORGE_NOTEBOOK_MODEL": "tiny-llama"},
     "03_grpo_step_by_step": TINY,
     "04_distillation": {"FORGE_NOTEBOOK_CONFIG": "configs/distillation/tiny_cpu.yaml"},
     "06_live_run": TINY,
@@ -120,23 +121,12 @@ def kernel():
         manager.shutdown_kernel(now=True)
 
 
-def test_shutting_the_kernel_down_leaves_no_process(kernel):
+def test_an_interrupted_cell_leaves_the_service_usable_and_the_kernels_end_leaves_no_process(
+    kernel,
+):
     manager, client = kernel
     cells = _code_cells(FIRST)
     for code in cells[:4]:  # the log file, the actor class, one actor, a 2-replica service
-        _run(client, code)
-    _run(client, cells[3])  # run again: replaces the service instead of adding one
-    children = psutil.Process(manager.provisioner.process.pid).children(recursive=True)
-    assert len(children) >= 3, children
-    manager.shutdown_kernel(now=False)
-    gone, alive = psutil.wait_procs(children, timeout=60)
-    assert not alive, [p.cmdline() for p in alive]
-
-
-def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
-    manager, client = kernel
-    cells = _code_cells(FIRST)
-    for code in cells[:4]:
         _run(client, code)
     kernel_pid = manager.provisioner.process.pid
     # stop_on_error=False: after an error the kernel aborts execute requests that reach it
@@ -154,6 +144,16 @@ def test_an_interrupted_cell_leaves_the_service_usable_and_stoppable(kernel):
     _run(client, "assert (await workers.work.route(3))[1] == 9")
     children = psutil.Process(kernel_pid).children(recursive=True)
     _run(client, "await shutdown()")
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
+
+    # Started again, then the kernel shut down with the service (and a replaced one) running.
+    for code in cells[2:4]:
+        _run(client, code)
+    _run(client, cells[3])  # run again: replaces the service instead of adding one
+    children = psutil.Process(kernel_pid).children(recursive=True)
+    assert len(children) >= 3, children
+    manager.shutdown_kernel(now=False)
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
 

@@ -28,6 +28,11 @@ def engine_args(cfg: EngineSettings, weight_sync: WeightSyncConfig, path: Path) 
     # Read by vLLM when the engine starts: engine core without a separate worker process.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if cfg.enforce_eager:
+        # An eager engine still compiles vLLM's sampler helpers (the logprob ranks) with
+        # Inductor: a C++ compiler run and ISA probes in each engine core. Run eagerly, they
+        # compute the same.
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     lora: dict[str, Any] = {}

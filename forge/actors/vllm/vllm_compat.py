@@ -55,6 +55,10 @@ class EngineCoreProcess(multiprocessing.context.ForkServerProcess):
         # (vllm_dist_<uuid>, a torch FileStore), which a killed engine core leaves behind:
         # it goes in the generator's socket folder, removed even then (_own_socket_folder).
         tempfile.tempdir = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.tempdir
+        # torch read TORCHDYNAMO_DISABLE when the server imported it, before the caller set it.
+        import torch._dynamo
+
+        torch._dynamo.config.disable = os.environ.get("TORCHDYNAMO_DISABLE") == "1"
         try:
             super().run()
         finally:
