@@ -38,10 +38,12 @@ DEFAULT_LOG = {"02_generator_and_weights"}
 RUN_LOG = {"06_live_run": ROOT / "runs" / "notebook-06"}
 # What the tests run a notebook on, where it runs something larger by hand.
 TINY = {"FORGE_NOTEBOOK_CONFIG": "configs/grpo/tiny_cpu.yaml"}
+TINY_MODEL = {"FORGE_NOTEBOOK_MODEL": "tiny-llama"}
 ENVIRONMENT = {
-    "02_generator_and_weights": {"FORGE_NOTEBOOK_MODEL": "tiny-llama"},
+    "02_generator_and_weights": TINY_MODEL,
     "03_grpo_step_by_step": TINY,
     "04_distillation": {"FORGE_NOTEBOOK_CONFIG": "configs/distillation/tiny_cpu.yaml"},
+    "05_environments": TINY_MODEL,
     "06_live_run": TINY,
 }
 
